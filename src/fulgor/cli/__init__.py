@@ -1,0 +1,1 @@
+"""The ``fulgor`` command line."""

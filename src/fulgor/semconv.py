@@ -1,0 +1,49 @@
+"""Span names and attribute keys: the one place that names what fulgor records.
+
+The gateway, the agent helpers, the adapters and the dashboard all read and write spans through
+these constants, so a name changes in one place only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Span names.
+SPAN_MODEL_CALL: Final = "fulgor.model_call"
+SPAN_REWARD: Final = "fulgor.reward"
+SPAN_MESSAGE: Final = "fulgor.message"
+SPAN_OBJECT: Final = "fulgor.object"
+SPAN_EXCEPTION: Final = "fulgor.exception"
+SPAN_OPERATION: Final = "fulgor.operation"
+
+FULGOR_SPAN_NAMES: Final = frozenset(
+    {SPAN_MODEL_CALL, SPAN_REWARD, SPAN_MESSAGE, SPAN_OBJECT, SPAN_EXCEPTION, SPAN_OPERATION}
+)
+
+# Resource attributes (OpenTelemetry resource) that attribute a span to a rollout and attempt.
+RESOURCE_ROLLOUT_ID: Final = "fulgor.rollout_id"
+RESOURCE_ATTEMPT_ID: Final = "fulgor.attempt_id"
+
+# fulgor.model_call: the whole ModelCall record travels under this key (see types.ModelCall).
+ATTR_MODEL_CALL: Final = "fulgor.model_call"
+ATTR_AGENT_NAME: Final = "fulgor.agent.name"
+ATTR_TOKEN_IDS_MISSING: Final = "fulgor.model_call.token_ids_missing"
+
+# fulgor.reward
+ATTR_REWARD_VALUE: Final = "fulgor.reward.value"
+ATTR_REWARD_PRIMARY: Final = "fulgor.reward.primary"
+ATTR_REWARD_VALUES: Final = "fulgor.reward.values"
+
+# fulgor.message / fulgor.object
+ATTR_MESSAGE_BODY: Final = "fulgor.message.body"
+ATTR_OBJECT_JSON: Final = "fulgor.object.json"
+
+# fulgor.exception (follows OpenTelemetry's exception.* keys)
+ATTR_EXCEPTION_TYPE: Final = "exception.type"
+ATTR_EXCEPTION_MESSAGE: Final = "exception.message"
+ATTR_EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
+
+# fulgor.operation
+ATTR_OPERATION_NAME: Final = "fulgor.operation.name"
+ATTR_OPERATION_INPUT: Final = "fulgor.operation.input"
+ATTR_OPERATION_OUTPUT: Final = "fulgor.operation.output"

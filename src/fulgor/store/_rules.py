@@ -1,0 +1,285 @@
+"""The state machines and checks every backend shares, as pure functions over wire models.
+
+Backends decide where state lives; these functions decide what a change means, so the rules in
+:mod:`fulgor.store.base` are written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from fulgor.errors import InvalidTransitionError, ValidationError
+from fulgor.types import (
+    ATTEMPT_LIVE_STATUSES,
+    LLM,
+    ROLLOUT_TERMINAL_STATUSES,
+    Attempt,
+    AttemptStatus,
+    PromptTemplate,
+    Resources,
+    Rollout,
+    RolloutConfig,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
+
+T = TypeVar("T")
+
+_ATTEMPT_NEXT: dict[str, frozenset[str]] = {
+    "preparing": frozenset({"preparing", "running", "succeeded", "failed", "timeout", "unresponsive"}),
+    "running": frozenset({"running", "succeeded", "failed", "timeout", "unresponsive"}),
+}
+
+
+def new_rollout_id() -> str:
+    return f"ro-{uuid.uuid4().hex[:16]}"
+
+
+def new_attempt_id() -> str:
+    return f"at-{uuid.uuid4().hex[:16]}"
+
+
+def check_json(value: Any, field: str) -> str:
+    """Serialise ``value`` to JSON or raise ValidationError naming ``field``."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise ValidationError(f"{field} must be JSON-serialisable: {error}") from error
+
+
+def check_requests(requests: Sequence[RolloutRequest]) -> None:
+    for index, request in enumerate(requests):
+        if not isinstance(request, RolloutRequest):
+            raise ValidationError(f"requests[{index}] must be a RolloutRequest, got {type(request).__name__}")
+        check_json(request.input, f"requests[{index}].input")
+        check_json(request.metadata, f"requests[{index}].metadata")
+
+
+def check_worker_id(worker_id: str) -> None:
+    if not isinstance(worker_id, str) or not worker_id or len(worker_id) > 256:
+        raise ValidationError("worker_id must be a non-empty string of at most 256 characters")
+
+
+def check_claim_args(worker_id: str, limit: int, wait_seconds: float) -> None:
+    check_worker_id(worker_id)
+    if not isinstance(limit, int) or limit < 1:
+        raise ValidationError(f"limit must be a positive integer, got {limit!r}")
+    if wait_seconds < 0:
+        raise ValidationError(f"wait_seconds must be >= 0, got {wait_seconds!r}")
+
+
+def check_page(limit: int | None, offset: int) -> None:
+    if limit is not None and limit < 0:
+        raise ValidationError(f"limit must be >= 0, got {limit!r}")
+    if offset < 0:
+        raise ValidationError(f"offset must be >= 0, got {offset!r}")
+
+
+def check_spans(spans: Sequence[Span]) -> None:
+    for index, span in enumerate(spans):
+        if not isinstance(span, Span):
+            raise ValidationError(f"spans[{index}] must be a Span, got {type(span).__name__}")
+        check_json(span.attributes, f"spans[{index}].attributes")
+
+
+def check_resources(resources: Resources, resources_id: str | None) -> None:
+    if resources_id is not None and (
+        not isinstance(resources_id, str) or not resources_id or len(resources_id) > 256
+    ):
+        raise ValidationError("resources_id must be a non-empty string of at most 256 characters, or None")
+    if not isinstance(resources, dict):
+        raise ValidationError(
+            f"resources must be a dict of name -> LLM | PromptTemplate, got {type(resources).__name__}"
+        )
+    for name, resource in resources.items():
+        if not isinstance(name, str) or not isinstance(resource, LLM | PromptTemplate):
+            raise ValidationError(f"resources[{name!r}] must be an LLM or a PromptTemplate keyed by a string")
+
+
+def statuses_filter(status: str | Sequence[str] | None) -> frozenset[str] | None:
+    if status is None:
+        return None
+    return frozenset({status} if isinstance(status, str) else status)
+
+
+def rollout_from_request(request: RolloutRequest, now: float) -> Rollout:
+    return Rollout(
+        rollout_id=new_rollout_id(),
+        input=request.input,
+        mode=request.mode,
+        group_id=request.group_id,
+        resources_id=request.resources_id,
+        config=request.config,
+        metadata=request.metadata,
+        status="queuing",
+        enqueue_time=now,
+    )
+
+
+def begin_attempt(
+    rollout: Rollout, worker_id: str, now: float, latest_resources_id: str | None
+) -> tuple[Rollout, Attempt]:
+    """A new ``preparing`` attempt for a queued rollout, and the rollout as it becomes."""
+    if rollout.status not in ("queuing", "requeuing"):
+        raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "preparing")
+    attempt = Attempt(
+        rollout_id=rollout.rollout_id,
+        attempt_id=new_attempt_id(),
+        sequence_id=rollout.attempt_count + 1,
+        worker_id=worker_id,
+        status="preparing",
+        start_time=now,
+        last_active_time=now,
+    )
+    updated = rollout.model_copy(
+        update={
+            "status": "preparing",
+            "attempt_count": rollout.attempt_count + 1,
+            "start_time": rollout.start_time if rollout.start_time is not None else now,
+            "resources_id": rollout.resources_id or latest_resources_id,
+        }
+    )
+    return updated, attempt
+
+
+def check_attempt_transition(attempt: Attempt, status: AttemptStatus) -> None:
+    if status not in _ATTEMPT_NEXT.get(attempt.status, frozenset()):
+        raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status, status)
+
+
+def rollout_after_attempt(rollout: Rollout, attempt: Attempt, now: float) -> Rollout:
+    """The rollout once its latest attempt is in ``attempt.status``."""
+    status: RolloutStatus
+    if attempt.status in ATTEMPT_LIVE_STATUSES:
+        status = "running" if attempt.status == "running" else "preparing"
+        return rollout.model_copy(update={"status": status}) if rollout.status != status else rollout
+    if attempt.status == "succeeded":
+        status = "succeeded"
+    elif attempt.status in rollout.config.retry_on and rollout.attempt_count < rollout.config.max_attempts:
+        status = "requeuing"
+    else:
+        status = "failed"
+    end_time = now if status in ROLLOUT_TERMINAL_STATUSES else None
+    return rollout.model_copy(update={"status": status, "end_time": end_time})
+
+
+def move_attempt(attempt: Attempt, status: AttemptStatus, now: float, error: str | None = None) -> Attempt:
+    check_attempt_transition(attempt, status)
+    update: dict[str, Any] = {"status": status, "last_active_time": now}
+    if status not in ATTEMPT_LIVE_STATUSES:
+        update["end_time"] = now
+    if error is not None:
+        update["error"] = error
+    return attempt.model_copy(update=update)
+
+
+def overdue_status(attempt: Attempt, config: RolloutConfig, now: float) -> AttemptStatus | None:
+    """``timeout`` or ``unresponsive`` when the watchdog should end this live attempt, else None."""
+    if config.timeout_seconds is not None and now >= attempt.start_time + config.timeout_seconds:
+        return "timeout"
+    if (
+        config.unresponsive_seconds is not None
+        and now >= attempt.last_active_time + config.unresponsive_seconds
+    ):
+        return "unresponsive"
+    return None
+
+
+def watchdog_deadline(attempt: Attempt, config: RolloutConfig) -> float | None:
+    """When the watchdog next needs to look at this live attempt (None: never)."""
+    deadlines = []
+    if config.timeout_seconds is not None:
+        deadlines.append(attempt.start_time + config.timeout_seconds)
+    if config.unresponsive_seconds is not None:
+        deadlines.append(attempt.last_active_time + config.unresponsive_seconds)
+    return min(deadlines) if deadlines else None
+
+
+WATCHDOG_ERRORS = {
+    "timeout": "attempt exceeded config.timeout_seconds",
+    "unresponsive": "no span, update or heartbeat within config.unresponsive_seconds",
+}
+
+
+class ChangeSignal:
+    """Wakes coroutines waiting for the store to change, on any event loop or thread.
+
+    Waiters remember the ``version`` they saw before checking state and sleep only if it has not
+    moved since, so a change between the check and the sleep is never missed.
+    """
+
+    def __init__(self) -> None:
+        self._version = 0
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def notify(self) -> None:
+        with self._lock:
+            self._version += 1
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future)
+
+    async def wait(self, seen_version: int, timeout_seconds: float) -> None:
+        """Return when the version moves past ``seen_version`` or the timeout passes."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._version != seen_version:
+                return
+            self._waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, timeout=max(0.0, timeout_seconds))
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def wait_for_result(
+    attempt_once: Callable[[], Awaitable[T | None]],
+    signal: ChangeSignal,
+    timeout_seconds: float,
+    seconds_to_deadline: Callable[[], float | None],
+    recheck_seconds: float | None = None,
+) -> T | None:
+    """Run ``attempt_once`` until it returns a result, sleeping on ``signal`` in between.
+
+    Sleeps end at the next change, the next watchdog deadline (so timeouts fire while callers
+    wait), ``recheck_seconds`` (for changes made by other processes, which no in-process signal
+    sees), or the timeout, whichever comes first.
+    """
+    end = time.monotonic() + timeout_seconds
+    while True:
+        seen = signal.version
+        result = await attempt_once()
+        if result is not None:
+            return result
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            return None
+        sleep = remaining
+        to_deadline = seconds_to_deadline()
+        if to_deadline is not None:
+            sleep = min(sleep, max(to_deadline, 0.0) + 0.001)
+        if recheck_seconds is not None:
+            sleep = min(sleep, recheck_seconds)
+        await signal.wait(seen, sleep)

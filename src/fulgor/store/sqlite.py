@@ -1,0 +1,736 @@
+"""SqliteStore: the embedded, durable default store: one SQLite file in the run directory.
+
+Durability: the file is in WAL mode and every operation commits before it returns, so a write
+that was acknowledged survives the process being killed. ``synchronous="NORMAL"`` (the default)
+may lose the last commits on an operating-system crash or power loss; ``"FULL"`` fsyncs every
+commit and survives those too, at a cost in throughput (see benchmarks/store.py).
+
+Several processes on one machine may open the same file: every write runs in a ``BEGIN
+IMMEDIATE`` transaction, so a claim gives each rollout to exactly one worker. In-process waiters
+are woken by events; changes made by other processes are noticed by a cheap
+``PRAGMA data_version`` check every ``cross_process_seconds`` while waiting.
+
+What it does not know: HTTP, agents, training. Operations run on the caller's thread and hold
+the connection briefly; the file is the only shared state.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from fulgor.errors import InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.store import _rules as rules
+from fulgor.store.base import LATEST
+from fulgor.types import (
+    ROLLOUT_QUEUED_STATUSES,
+    ROLLOUT_TERMINAL_STATUSES,
+    Attempt,
+    AttemptedRollout,
+    AttemptStatus,
+    JsonDict,
+    Resources,
+    ResourcesVersion,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+    StoreStats,
+    Worker,
+)
+
+__all__ = ["SqliteStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    rollout_id TEXT NOT NULL UNIQUE,
+    queue_seq INTEGER,
+    status TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    group_id TEXT,
+    resources_id TEXT,
+    input TEXT NOT NULL,
+    config TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    enqueue_time REAL NOT NULL,
+    start_time REAL,
+    end_time REAL,
+    attempt_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts(queue_seq) WHERE queue_seq IS NOT NULL;
+CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
+CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts(group_id) WHERE group_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS attempts (
+    attempt_id TEXT PRIMARY KEY,
+    rollout_id TEXT NOT NULL,
+    sequence_id INTEGER NOT NULL,
+    worker_id TEXT,
+    status TEXT NOT NULL,
+    start_time REAL NOT NULL,
+    end_time REAL,
+    last_active_time REAL NOT NULL,
+    error TEXT,
+    metadata TEXT NOT NULL,
+    timeout_at REAL,
+    silence_seconds REAL,
+    span_count INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (rollout_id, sequence_id)
+);
+CREATE INDEX IF NOT EXISTS attempts_live ON attempts(worker_id)
+    WHERE status IN ('preparing', 'running');
+CREATE TABLE IF NOT EXISTS spans (
+    rollout_id TEXT NOT NULL,
+    attempt_seq INTEGER NOT NULL,
+    attempt_id TEXT NOT NULL,
+    sequence_id INTEGER NOT NULL,
+    span_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (rollout_id, attempt_seq, sequence_id),
+    UNIQUE (attempt_id, span_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS resources (
+    resources_id TEXT PRIMARY KEY,
+    version INTEGER NOT NULL UNIQUE,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS workers (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    worker_id TEXT NOT NULL UNIQUE,
+    first_seen_time REAL NOT NULL,
+    last_heartbeat_time REAL NOT NULL,
+    stats TEXT NOT NULL
+);
+"""
+
+_ROLLOUT_COLUMNS = (
+    "rollout_id, status, mode, group_id, resources_id, input, config, metadata, "
+    "enqueue_time, start_time, end_time, attempt_count"
+)
+_ATTEMPT_COLUMNS = (
+    "rollout_id, attempt_id, sequence_id, worker_id, status, start_time, end_time, last_active_time, "
+    "error, metadata"
+)
+_LIVE = "status IN ('preparing', 'running')"
+# Live attempts past their timeout or silence deadline; the partial index attempts_live keeps it cheap.
+_OVERDUE = f"{_LIVE} AND (timeout_at <= :now OR last_active_time + silence_seconds <= :now)"
+
+
+class SqliteStore:
+    """Durable store in one SQLite file; see :class:`fulgor.store.base.Store` for the contract."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout_seconds: float = 30.0,
+        cross_process_seconds: float = 0.2,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValidationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        self.path = Path(path)
+        self._clock = clock
+        self._cross_process_seconds = cross_process_seconds
+        self._lock = threading.RLock()
+        self._signal = rules.ChangeSignal()
+        self._conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_seconds
+        )
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._conn.execute("PRAGMA foreign_keys=OFF")
+        self._closed = False
+        with self._write():
+            self._create_schema()
+
+    # -- rollouts ---------------------------------------------------------------------------------
+
+    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        rules.check_requests(requests)
+        now = self._clock()
+        created = [rules.rollout_from_request(request, now) for request in requests]
+        with self._write():
+            queue_seq = self._next_queue_seq()
+            self._conn.executemany(
+                f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}, queue_seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(*_rollout_row(rollout), queue_seq + i) for i, rollout in enumerate(created)],
+            )
+        if created:
+            self._signal.notify()
+        return created
+
+    async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
+        rules.check_requests([request])
+        rules.check_worker_id(worker_id)
+        rollout = rules.rollout_from_request(request, self._clock())
+        with self._write():
+            self._conn.execute(
+                f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                _rollout_row(rollout),
+            )
+            return self._begin(rollout, worker_id)
+
+    async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
+        rules.check_claim_args(worker_id, limit, wait_seconds)
+
+        async def claim_once() -> list[AttemptedRollout] | None:
+            return self._claim_now(worker_id, limit) or None
+
+        claimed = await rules.wait_for_result(
+            claim_once, self._signal, wait_seconds, self._seconds_to_deadline, self._cross_process_seconds
+        )
+        return claimed or []
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        self._sweep()
+        return self._rollout(rollout_id)
+
+    async def query_rollouts(
+        self,
+        *,
+        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
+        group_id: str | None = None,
+        mode: RolloutMode | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        order: Literal["asc", "desc"] = "asc",
+    ) -> list[Rollout]:
+        rules.check_page(limit, offset)
+        self._sweep()
+        clauses: list[str] = []
+        params: list[Any] = []
+        statuses = rules.statuses_filter(status)
+        if statuses is not None:
+            clauses.append(f"status IN ({','.join('?' * len(statuses))})")
+            params.extend(sorted(statuses))
+        if group_id is not None:
+            clauses.append("group_id = ?")
+            params.append(group_id)
+        if mode is not None:
+            clauses.append("mode = ?")
+            params.append(mode)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        direction = "DESC" if order == "desc" else "ASC"
+        params.extend([-1 if limit is None else limit, offset])
+        rows = self._read(
+            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY seq {direction} LIMIT ? OFFSET ?",
+            params,
+        )
+        return [_rollout(row) for row in rows]
+
+    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        self._sweep()
+        now = self._clock()
+        with self._write():
+            rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]
+            for rollout in rollouts:
+                if rollout.status in ("succeeded", "failed"):
+                    raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "cancelled")
+            result = [
+                rollout if rollout.status == "cancelled" else self._cancel_one(rollout, now)
+                for rollout in rollouts
+            ]
+        self._signal.notify()
+        return result
+
+    async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
+        rules.check_worker_id(worker_id)
+        self._sweep()
+        with self._write():
+            return self._begin(self._rollout(rollout_id), worker_id)
+
+    # -- attempts ---------------------------------------------------------------------------------
+
+    async def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        *,
+        status: AttemptStatus | None = None,
+        error: str | None = None,
+        metadata: JsonDict | None = None,
+    ) -> Attempt:
+        if metadata is not None:
+            rules.check_json(metadata, "metadata")
+        self._sweep()
+        now = self._clock()
+        with self._write():
+            attempt = self._attempt(rollout_id, attempt_id)
+            if status is not None:
+                updated = rules.move_attempt(attempt, status, now, error)
+            elif attempt.is_live:
+                updated = attempt.model_copy(update={"last_active_time": now})
+            else:
+                updated = attempt
+            if error is not None and status is None:
+                updated = updated.model_copy(update={"error": error})
+            if metadata is not None:
+                updated = updated.model_copy(update={"metadata": {**updated.metadata, **metadata}})
+            changed = self._put_attempt(updated, now)
+        if changed:
+            self._signal.notify()
+        return updated
+
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        self._sweep()
+        self._rollout(rollout_id)
+        rows = self._read(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
+            (rollout_id,),
+        )
+        return [_attempt(row) for row in rows]
+
+    # -- spans ------------------------------------------------------------------------------------
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        rules.check_spans(spans)
+        self._sweep()
+        now = self._clock()
+        changed = False
+        with self._write():
+            attempts = {
+                key: self._attempt(*key)
+                for key in dict.fromkeys((span.rollout_id, span.attempt_id) for span in spans)
+            }
+            counts = {key: self._span_count(attempt.attempt_id) for key, attempt in attempts.items()}
+            stored = []
+            for span in spans:
+                key = (span.rollout_id, span.attempt_id)
+                existing = self._existing_span(span)
+                if existing is None:
+                    counts[key] += 1
+                    existing = span.model_copy(update={"sequence_id": counts[key]})
+                    self._insert_span(existing, attempts[key].sequence_id)
+                stored.append(existing)
+            for key, attempt in attempts.items():
+                self._conn.execute(
+                    "UPDATE attempts SET span_count = ? WHERE attempt_id = ?", (counts[key], key[1])
+                )
+                if attempt.is_live:
+                    running = attempt.model_copy(update={"status": "running", "last_active_time": now})
+                    changed = self._put_attempt(running, now) or changed
+        if changed:
+            self._signal.notify()
+        return stored
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        name: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Span]:
+        rules.check_page(limit, offset)
+        self._sweep()
+        rollout = self._rollout(rollout_id)
+        clauses = ["rollout_id = ?"]
+        params: list[Any] = [rollout_id]
+        if attempt_id == LATEST:
+            clauses.append("attempt_seq = ?")
+            params.append(rollout.attempt_count)
+        elif attempt_id is not None:
+            clauses.append("attempt_seq = ?")
+            params.append(self._attempt(rollout_id, attempt_id).sequence_id)
+        if name is not None:
+            clauses.append("name = ?")
+            params.append(name)
+        params.extend([-1 if limit is None else limit, offset])
+        rows = self._read(
+            f"SELECT body FROM spans WHERE {' AND '.join(clauses)} "
+            "ORDER BY attempt_seq, sequence_id LIMIT ? OFFSET ?",
+            params,
+        )
+        return [Span.model_validate_json(row[0]) for row in rows]
+
+    # -- resources --------------------------------------------------------------------------------
+
+    async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
+        rules.check_resources(resources, resources_id)
+        with self._write():
+            (version,) = self._conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()
+            stored = ResourcesVersion(
+                resources_id=resources_id or f"resources-{version}",
+                version=version,
+                resources=resources,
+                create_time=self._clock(),
+            )
+            self._conn.execute(
+                "INSERT OR REPLACE INTO resources (resources_id, version, body) VALUES (?, ?, ?)",
+                (stored.resources_id, version, stored.model_dump_json()),
+            )
+        return stored
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+        if resources_id is None:
+            rows = self._read("SELECT body FROM resources ORDER BY version DESC LIMIT 1", ())
+            return ResourcesVersion.model_validate_json(rows[0][0]) if rows else None
+        rows = self._read("SELECT body FROM resources WHERE resources_id = ?", (resources_id,))
+        if not rows:
+            raise NotFoundError(f"resources {resources_id!r} not found")
+        return ResourcesVersion.model_validate_json(rows[0][0])
+
+    # -- workers, waiting, stats -------------------------------------------------------------------
+
+    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
+        rules.check_worker_id(worker_id)
+        if stats is not None:
+            rules.check_json(stats, "stats")
+        self._sweep()
+        now = self._clock()
+        with self._write():
+            worker = self._see_worker(worker_id, now, stats)
+            self._conn.execute(
+                f"UPDATE attempts SET last_active_time = ? WHERE worker_id = ? AND {_LIVE}", (now, worker_id)
+            )
+        return worker
+
+    async def list_workers(self) -> list[Worker]:
+        rows = self._read(
+            "SELECT worker_id, first_seen_time, last_heartbeat_time, stats FROM workers ORDER BY seq", ()
+        )
+        return [_worker(row) for row in rows]
+
+    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        if timeout_seconds < 0:
+            raise ValidationError(f"timeout_seconds must be >= 0, got {timeout_seconds!r}")
+        for rollout_id in rollout_ids:
+            self._rollout(rollout_id)
+
+        def terminal() -> list[Rollout]:
+            self._sweep()
+            rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]
+            return [rollout for rollout in rollouts if rollout.status in ROLLOUT_TERMINAL_STATUSES]
+
+        async def all_done() -> list[Rollout] | None:
+            done = terminal()
+            return done if len(done) == len(rollout_ids) else None
+
+        done = await rules.wait_for_result(
+            all_done, self._signal, timeout_seconds, self._seconds_to_deadline, self._cross_process_seconds
+        )
+        return done if done is not None else terminal()
+
+    async def stats(self) -> StoreStats:
+        self._sweep()
+        with self._lock:
+            self._check_open()
+            self._conn.execute("BEGIN")
+            try:
+                rollouts = dict(
+                    self._conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall()
+                )
+                attempts = dict(
+                    self._conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall()
+                )
+                (spans,) = self._conn.execute("SELECT COUNT(*) FROM spans").fetchone()
+                (workers,) = self._conn.execute("SELECT COUNT(*) FROM workers").fetchone()
+                (versions,) = self._conn.execute("SELECT COUNT(*) FROM resources").fetchone()
+            finally:
+                self._conn.execute("COMMIT")
+        return StoreStats(
+            rollouts=rollouts, attempts=attempts, spans=spans, workers=workers, resources_versions=versions
+        )
+
+    async def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+        self._signal.notify()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValidationError("the store is closed; open a new one")
+
+    def _create_schema(self) -> None:
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                self._conn.execute(statement)
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One ``BEGIN IMMEDIATE`` transaction: everything inside commits together or not at all."""
+        with self._lock:
+            self._check_open()
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            self._check_open()
+            return self._conn.execute(sql, params).fetchall()
+
+    def _rollout(self, rollout_id: str) -> Rollout:
+        rows = self._read(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        if not rows:
+            raise NotFoundError(f"rollout {rollout_id!r} not found")
+        return _rollout(rows[0])
+
+    def _attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        rows = self._read(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            (attempt_id, rollout_id),
+        )
+        if not rows:
+            self._rollout(rollout_id)
+            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+        return _attempt(rows[0])
+
+    def _next_queue_seq(self) -> int:
+        (value,) = self._conn.execute("SELECT COALESCE(MAX(queue_seq), 0) + 1 FROM rollouts").fetchone()
+        return int(value)
+
+    def _claim_now(self, worker_id: str, limit: int) -> list[AttemptedRollout]:
+        self._sweep()
+        with self._lock:
+            if not self._conn.execute(
+                "SELECT 1 FROM rollouts WHERE queue_seq IS NOT NULL LIMIT 1"
+            ).fetchone():
+                return []
+            with self._write():
+                rows = self._conn.execute(
+                    f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE queue_seq IS NOT NULL "
+                    "ORDER BY queue_seq LIMIT ?",
+                    (limit,),
+                ).fetchall()
+                claimed = [self._begin(_rollout(row), worker_id) for row in rows]
+                if claimed:
+                    self._see_worker(worker_id, self._clock(), None)
+                return claimed
+
+    def _begin(self, rollout: Rollout, worker_id: str) -> AttemptedRollout:
+        """Start an attempt; runs inside a write transaction."""
+        now = self._clock()
+        latest = self._conn.execute(
+            "SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1"
+        ).fetchone()
+        rollout, attempt = rules.begin_attempt(rollout, worker_id, now, latest[0] if latest else None)
+        timeout = rollout.config.timeout_seconds
+        timeout_at = None if timeout is None else attempt.start_time + timeout
+        self._conn.execute(
+            "UPDATE rollouts SET status = ?, attempt_count = ?, start_time = ?, resources_id = ?, "
+            "queue_seq = NULL WHERE rollout_id = ?",
+            (
+                rollout.status,
+                rollout.attempt_count,
+                rollout.start_time,
+                rollout.resources_id,
+                rollout.rollout_id,
+            ),
+        )
+        self._conn.execute(
+            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}, timeout_at, silence_seconds) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*_attempt_row(attempt), timeout_at, rollout.config.unresponsive_seconds),
+        )
+        return AttemptedRollout.model_construct(**dict(rollout), attempt=attempt)
+
+    def _put_attempt(self, attempt: Attempt, now: float) -> bool:
+        """Store a changed attempt and move its rollout along; True when a rollout status changed."""
+        rollout = self._rollout(attempt.rollout_id)
+        self._conn.execute(
+            "UPDATE attempts SET status = ?, end_time = ?, last_active_time = ?, error = ?, metadata = ? "
+            "WHERE attempt_id = ?",
+            (
+                attempt.status,
+                attempt.end_time,
+                attempt.last_active_time,
+                attempt.error,
+                json.dumps(attempt.metadata),
+                attempt.attempt_id,
+            ),
+        )
+        if attempt.sequence_id != rollout.attempt_count or rollout.status in ROLLOUT_TERMINAL_STATUSES:
+            return False
+        updated = rules.rollout_after_attempt(rollout, attempt, now)
+        if updated.status == rollout.status:
+            return False
+        queue_seq = self._next_queue_seq() if updated.status in ROLLOUT_QUEUED_STATUSES else None
+        self._conn.execute(
+            "UPDATE rollouts SET status = ?, end_time = ?, queue_seq = ? WHERE rollout_id = ?",
+            (updated.status, updated.end_time, queue_seq, updated.rollout_id),
+        )
+        return True
+
+    def _span_count(self, attempt_id: str) -> int:
+        (count,) = self._conn.execute(
+            "SELECT span_count FROM attempts WHERE attempt_id = ?", (attempt_id,)
+        ).fetchone()
+        return int(count)
+
+    def _existing_span(self, span: Span) -> Span | None:
+        row = self._conn.execute(
+            "SELECT body FROM spans WHERE attempt_id = ? AND span_id = ?", (span.attempt_id, span.span_id)
+        ).fetchone()
+        return Span.model_validate_json(row[0]) if row else None
+
+    def _insert_span(self, span: Span, attempt_seq: int) -> None:
+        self._conn.execute(
+            "INSERT INTO spans (rollout_id, attempt_seq, attempt_id, sequence_id, span_id, name, body) "
+            "VALUES (?,?,?,?,?,?,?)",
+            (
+                span.rollout_id,
+                attempt_seq,
+                span.attempt_id,
+                span.sequence_id,
+                span.span_id,
+                span.name,
+                span.model_dump_json(),
+            ),
+        )
+
+    def _cancel_one(self, rollout: Rollout, now: float) -> Rollout:
+        rows = self._conn.execute(
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? AND {_LIVE}",
+            (rollout.rollout_id,),
+        ).fetchall()
+        for row in rows:
+            ended = rules.move_attempt(_attempt(row), "failed", now, "cancelled")
+            self._conn.execute(
+                "UPDATE attempts SET status = ?, end_time = ?, error = ? WHERE attempt_id = ?",
+                (ended.status, ended.end_time, ended.error, ended.attempt_id),
+            )
+        cancelled = rollout.model_copy(update={"status": "cancelled", "end_time": now})
+        self._conn.execute(
+            "UPDATE rollouts SET status = 'cancelled', end_time = ?, queue_seq = NULL WHERE rollout_id = ?",
+            (now, rollout.rollout_id),
+        )
+        return cancelled
+
+    def _see_worker(self, worker_id: str, now: float, stats: JsonDict | None) -> Worker:
+        """Insert or refresh a worker; runs inside a write transaction."""
+        self._conn.execute(
+            "INSERT INTO workers (worker_id, first_seen_time, last_heartbeat_time, stats) "
+            "VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (worker_id) DO UPDATE SET last_heartbeat_time = excluded.last_heartbeat_time, "
+            "stats = CASE WHEN ? THEN excluded.stats ELSE workers.stats END",
+            (worker_id, now, now, json.dumps(stats or {}), stats is not None),
+        )
+        row = self._conn.execute(
+            "SELECT worker_id, first_seen_time, last_heartbeat_time, stats FROM workers WHERE worker_id = ?",
+            (worker_id,),
+        ).fetchone()
+        return _worker(row)
+
+    def _sweep(self) -> None:
+        """Apply the watchdog: end live attempts whose deadline has passed."""
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            if not self._conn.execute(
+                f"SELECT 1 FROM attempts WHERE {_OVERDUE} LIMIT 1", {"now": now}
+            ).fetchone():
+                return
+            changed = False
+            with self._write():
+                rows = self._conn.execute(
+                    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE {_OVERDUE}", {"now": now}
+                ).fetchall()
+                for row in rows:
+                    attempt = _attempt(row)
+                    verdict = rules.overdue_status(attempt, self._rollout(attempt.rollout_id).config, now)
+                    if verdict is not None:
+                        ended = rules.move_attempt(attempt, verdict, now, rules.WATCHDOG_ERRORS[verdict])
+                        changed = self._put_attempt(ended, now) or changed
+        if changed:
+            self._signal.notify()
+
+    def _seconds_to_deadline(self) -> float | None:
+        rows = self._read(
+            "SELECT MIN(MIN(COALESCE(timeout_at, 1e308), "
+            "COALESCE(last_active_time + silence_seconds, 1e308))) "
+            f"FROM attempts WHERE {_LIVE}",
+            (),
+        )
+        deadline = rows[0][0] if rows else None
+        return None if deadline is None or deadline >= 1e308 else float(deadline) - self._clock()
+
+
+def _rollout_row(rollout: Rollout) -> tuple[Any, ...]:
+    return (
+        rollout.rollout_id,
+        rollout.status,
+        rollout.mode,
+        rollout.group_id,
+        rollout.resources_id,
+        json.dumps(rollout.input),
+        rollout.config.model_dump_json(),
+        json.dumps(rollout.metadata),
+        rollout.enqueue_time,
+        rollout.start_time,
+        rollout.end_time,
+        rollout.attempt_count,
+    )
+
+
+def _rollout(row: Sequence[Any]) -> Rollout:
+    return Rollout(
+        rollout_id=row[0],
+        status=row[1],
+        mode=row[2],
+        group_id=row[3],
+        resources_id=row[4],
+        input=json.loads(row[5]),
+        config=RolloutConfig.model_validate_json(row[6]),
+        metadata=json.loads(row[7]),
+        enqueue_time=row[8],
+        start_time=row[9],
+        end_time=row[10],
+        attempt_count=row[11],
+    )
+
+
+def _attempt_row(attempt: Attempt) -> tuple[Any, ...]:
+    return (
+        attempt.rollout_id,
+        attempt.attempt_id,
+        attempt.sequence_id,
+        attempt.worker_id,
+        attempt.status,
+        attempt.start_time,
+        attempt.end_time,
+        attempt.last_active_time,
+        attempt.error,
+        json.dumps(attempt.metadata),
+    )
+
+
+def _attempt(row: Sequence[Any]) -> Attempt:
+    return Attempt(
+        rollout_id=row[0],
+        attempt_id=row[1],
+        sequence_id=row[2],
+        worker_id=row[3],
+        status=row[4],
+        start_time=row[5],
+        end_time=row[6],
+        last_active_time=row[7],
+        error=row[8],
+        metadata=json.loads(row[9]),
+    )
+
+
+def _worker(row: Sequence[Any]) -> Worker:
+    return Worker(
+        worker_id=row[0], first_seen_time=row[1], last_heartbeat_time=row[2], stats=json.loads(row[3])
+    )
