@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 from fulgor.errors import InvalidTransitionError, ValidationError
 from fulgor.types import (
     ATTEMPT_LIVE_STATUSES,
+    ATTEMPT_TERMINAL_STATUSES,
     LLM,
     ROLLOUT_TERMINAL_STATUSES,
     Attempt,
@@ -75,7 +77,9 @@ def check_claim_args(worker_id: str, limit: int, wait_seconds: float) -> None:
         raise ValidationError(f"wait_seconds must be >= 0, got {wait_seconds!r}")
 
 
-def check_page(limit: int | None, offset: int) -> None:
+def check_page(limit: int | None, offset: int, order: str = "asc") -> None:
+    if order not in ("asc", "desc"):
+        raise ValidationError(f"order must be 'asc' or 'desc', got {order!r}")
     if limit is not None and limit < 0:
         raise ValidationError(f"limit must be >= 0, got {limit!r}")
     if offset < 0:
@@ -87,6 +91,13 @@ def check_spans(spans: Sequence[Span]) -> None:
         if not isinstance(span, Span):
             raise ValidationError(f"spans[{index}] must be a Span, got {type(span).__name__}")
         check_json(span.attributes, f"spans[{index}].attributes")
+        check_json(span.resource, f"spans[{index}].resource")
+        for event_index, event in enumerate(span.events):
+            check_json(event.attributes, f"spans[{index}].events[{event_index}].attributes")
+        for field in ("start_time", "end_time"):
+            value = getattr(span, field)
+            if value is not None and not math.isfinite(value):
+                raise ValidationError(f"spans[{index}].{field} must be a finite number, got {value!r}")
 
 
 def check_resources(resources: Resources, resources_id: str | None) -> None:
@@ -150,6 +161,9 @@ def begin_attempt(
 
 
 def check_attempt_transition(attempt: Attempt, status: AttemptStatus) -> None:
+    if status not in ATTEMPT_LIVE_STATUSES | ATTEMPT_TERMINAL_STATUSES:
+        valid = ", ".join(sorted(ATTEMPT_LIVE_STATUSES | ATTEMPT_TERMINAL_STATUSES))
+        raise ValidationError(f"status must be one of {valid}; got {status!r}")
     if status not in _ATTEMPT_NEXT.get(attempt.status, frozenset()):
         raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status, status)
 
@@ -180,26 +194,30 @@ def move_attempt(attempt: Attempt, status: AttemptStatus, now: float, error: str
     return attempt.model_copy(update=update)
 
 
-def overdue_status(attempt: Attempt, config: RolloutConfig, now: float) -> AttemptStatus | None:
-    """``timeout`` or ``unresponsive`` when the watchdog should end this live attempt, else None."""
-    if config.timeout_seconds is not None and now >= attempt.start_time + config.timeout_seconds:
-        return "timeout"
-    if (
-        config.unresponsive_seconds is not None
-        and now >= attempt.last_active_time + config.unresponsive_seconds
-    ):
-        return "unresponsive"
-    return None
+def overdue(attempt: Attempt, config: RolloutConfig, now: float) -> tuple[AttemptStatus, float] | None:
+    """How and when the watchdog ends this live attempt, if one of its deadlines passed by ``now``.
+
+    The deadline that passed first decides, even when the watchdog is applied later than that.
+    """
+    passed = [(when, status) for when, status in _deadlines(attempt, config) if when <= now]
+    if not passed:
+        return None
+    when, status = min(passed)
+    return status, when
 
 
 def watchdog_deadline(attempt: Attempt, config: RolloutConfig) -> float | None:
     """When the watchdog next needs to look at this live attempt (None: never)."""
-    deadlines = []
+    return min((when for when, _ in _deadlines(attempt, config)), default=None)
+
+
+def _deadlines(attempt: Attempt, config: RolloutConfig) -> list[tuple[float, AttemptStatus]]:
+    deadlines: list[tuple[float, AttemptStatus]] = []
     if config.timeout_seconds is not None:
-        deadlines.append(attempt.start_time + config.timeout_seconds)
+        deadlines.append((attempt.start_time + config.timeout_seconds, "timeout"))
     if config.unresponsive_seconds is not None:
-        deadlines.append(attempt.last_active_time + config.unresponsive_seconds)
-    return min(deadlines) if deadlines else None
+        deadlines.append((attempt.last_active_time + config.unresponsive_seconds, "unresponsive"))
+    return deadlines
 
 
 WATCHDOG_ERRORS = {

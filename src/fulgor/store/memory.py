@@ -59,6 +59,7 @@ class MemoryStore:
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         self._check_open()
         rules.check_requests(requests)
+        self._sweep()
         now = self._clock()
         created = [rules.rollout_from_request(request, now) for request in requests]
         for rollout in created:
@@ -73,6 +74,7 @@ class MemoryStore:
         self._check_open()
         rules.check_requests([request])
         rules.check_worker_id(worker_id)
+        self._sweep()
         rollout = rules.rollout_from_request(request, self._clock())
         self._rollouts[rollout.rollout_id] = rollout
         self._attempts[rollout.rollout_id] = []
@@ -103,7 +105,7 @@ class MemoryStore:
         offset: int = 0,
         order: Literal["asc", "desc"] = "asc",
     ) -> list[Rollout]:
-        rules.check_page(limit, offset)
+        rules.check_page(limit, offset, order)
         self._sweep()
         statuses = rules.statuses_filter(status)
         rollouts = list(self._rollouts.values())
@@ -184,7 +186,7 @@ class MemoryStore:
         stored = [self._add_span(span) for span in spans]
         touched = {(span.rollout_id, span.attempt_id) for span in spans}
         for rollout_id, attempt_id in touched:
-            self._touch(self._attempt(rollout_id, attempt_id), now)
+            self._touch(self._attempt(rollout_id, attempt_id), now, running=True)
         return stored
 
     async def query_spans(
@@ -246,7 +248,7 @@ class MemoryStore:
         worker = self._see_worker(worker_id, now, stats)
         for attempt in list(self._live.values()):
             if attempt.worker_id == worker_id:
-                self._touch(attempt, now)
+                self._touch(attempt, now, running=False)
         return worker
 
     async def list_workers(self) -> list[Worker]:
@@ -358,10 +360,11 @@ class MemoryStore:
                 self._queue[updated.rollout_id] = None
             self._signal.notify()
 
-    def _touch(self, attempt: Attempt, now: float) -> None:
+    def _touch(self, attempt: Attempt, now: float, *, running: bool) -> None:
+        """Record activity on a live attempt; a span (``running``) also marks it started."""
         if not attempt.is_live:
             return
-        status: AttemptStatus = "running"
+        status = "running" if running else attempt.status
         self._put_attempt(attempt.model_copy(update={"status": status, "last_active_time": now}), now)
 
     def _add_span(self, span: Span) -> Span:
@@ -407,10 +410,12 @@ class MemoryStore:
             return
         now = self._clock()
         for attempt in list(self._live.values()):
-            verdict = rules.overdue_status(attempt, self._rollouts[attempt.rollout_id].config, now)
+            verdict = rules.overdue(attempt, self._rollouts[attempt.rollout_id].config, now)
             if verdict is not None:
-                ended = rules.move_attempt(attempt, verdict, now, rules.WATCHDOG_ERRORS[verdict])
-                self._put_attempt(ended, now)
+                status, when = verdict
+                self._put_attempt(
+                    rules.move_attempt(attempt, status, when, rules.WATCHDOG_ERRORS[status]), when
+                )
 
     def _seconds_to_deadline(self) -> float | None:
         deadlines = [

@@ -158,6 +158,7 @@ class SqliteStore:
 
     async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         rules.check_requests(requests)
+        self._sweep()
         now = self._clock()
         created = [rules.rollout_from_request(request, now) for request in requests]
         with self._write():
@@ -173,6 +174,7 @@ class SqliteStore:
     async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
         rules.check_requests([request])
         rules.check_worker_id(worker_id)
+        self._sweep()
         rollout = rules.rollout_from_request(request, self._clock())
         with self._write():
             self._conn.execute(
@@ -206,7 +208,7 @@ class SqliteStore:
         offset: int = 0,
         order: Literal["asc", "desc"] = "asc",
     ) -> list[Rollout]:
-        rules.check_page(limit, offset)
+        rules.check_page(limit, offset, order)
         self._sweep()
         clauses: list[str] = []
         params: list[Any] = []
@@ -648,10 +650,11 @@ class SqliteStore:
                 ).fetchall()
                 for row in rows:
                     attempt = _attempt(row)
-                    verdict = rules.overdue_status(attempt, self._rollout(attempt.rollout_id).config, now)
+                    verdict = rules.overdue(attempt, self._rollout(attempt.rollout_id).config, now)
                     if verdict is not None:
-                        ended = rules.move_attempt(attempt, verdict, now, rules.WATCHDOG_ERRORS[verdict])
-                        changed = self._put_attempt(ended, now) or changed
+                        status, when = verdict
+                        ended = rules.move_attempt(attempt, status, when, rules.WATCHDOG_ERRORS[status])
+                        changed = self._put_attempt(ended, when) or changed
         if changed:
             self._signal.notify()
 
