@@ -6,6 +6,15 @@ framework; those load lazily inside the components that need them.
 
 from __future__ import annotations
 
+from fulgor.agent import (
+    Agent,
+    emit_exception,
+    emit_message,
+    emit_object,
+    emit_reward,
+    operation,
+    rollout,
+)
 from fulgor.errors import (
     ConfigError,
     FulgorError,
@@ -33,6 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "Agent",
     "Attempt",
     "AttemptedRollout",
     "ConfigError",
@@ -51,4 +61,10 @@ __all__ = [
     "ValidationError",
     "Worker",
     "__version__",
+    "emit_exception",
+    "emit_message",
+    "emit_object",
+    "emit_reward",
+    "operation",
+    "rollout",
 ]

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import fulgor
+import fulgor.agent
 from fulgor import errors, semconv
 from fulgor.store import _rules
 
@@ -22,7 +23,7 @@ def test_import_fulgor_stays_light() -> None:
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("module", [fulgor, fulgor.types, fulgor.store, errors])
+@pytest.mark.parametrize("module", [fulgor, fulgor.types, fulgor.store, fulgor.agent, errors])
 def test_all_is_sorted_and_importable(module: object) -> None:
     names = list(module.__all__)  # type: ignore[attr-defined]
     # isort-style, as ruff keeps it: CONSTANTS, then Classes, then functions, each alphabetical.
