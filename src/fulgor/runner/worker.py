@@ -1,0 +1,225 @@
+"""The worker loop: claim a rollout, run the agent, report the outcome; never lose a rollout.
+
+One ``Runner`` runs up to ``max_concurrency`` rollouts at once on one event loop. It claims with a
+long-poll (the store sleeps on an event), sends heartbeats so the store's watchdog knows the worker
+is alive, enforces each rollout's ``timeout_seconds`` by cancelling the agent, stops an agent whose
+rollout was cancelled or whose attempt the store already ended, and on shutdown stops claiming,
+gives running rollouts a grace period and then cancels them (their attempts are marked failed,
+so the store requeues or fails them by their retry config: nothing stays stuck).
+
+What it does not know: how agents talk to models (the LLM resource it hands them points at the
+gateway) or how many processes run it (the pool's job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fulgor.agent.base import Runnable
+from fulgor.agent.context import RolloutContext, SpanRecorder, use_context
+from fulgor.agent.emit import emit_exception
+from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError
+from fulgor.store.base import Store
+from fulgor.types import LLM, AttemptedRollout, AttemptStatus, Resource
+
+__all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
+
+logger = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def gateway_base_url(gateway_url: str, rollout_id: str, attempt_id: str) -> str:
+    """The per-rollout OpenAI base URL the gateway serves (DESIGN.md, "Gateway URLs")."""
+    return f"{gateway_url.rstrip('/')}/r/{rollout_id}/{attempt_id}/v1"
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How one runner claims and supervises rollouts."""
+
+    max_concurrency: int = 1
+    claim_wait_seconds: float = 5.0
+    heartbeat_seconds: float = 5.0
+    shutdown_grace_seconds: float = 10.0
+    gateway_url: str | None = None
+    """When set, every LLM resource's endpoint becomes the rollout's own gateway URL."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise FulgorError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.claim_wait_seconds <= 0 or self.heartbeat_seconds <= 0:
+            raise FulgorError("claim_wait_seconds and heartbeat_seconds must be > 0")
+
+
+class Runner:
+    """Runs one agent's rollouts from a store until stopped."""
+
+    def __init__(
+        self,
+        agent: Runnable,
+        store: Store,
+        *,
+        worker_id: str | None = None,
+        config: RunnerConfig | None = None,
+    ) -> None:
+        self.agent = agent
+        self.store = store
+        self.worker_id = worker_id or default_worker_id()
+        self.config = config or RunnerConfig()
+        self._active: dict[str, tuple[AttemptedRollout, asyncio.Task[None]]] = {}
+        self._stopping = asyncio.Event()
+        self.completed = 0
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` then drains running rollouts (see ``shutdown_grace_seconds``)."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Claim and run rollouts until ``stop`` is called, then drain and return."""
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="fulgor-heartbeat")
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+
+    async def run_attempt(self, claimed: AttemptedRollout) -> None:
+        """Run the agent on one claimed rollout and report how its attempt ended."""
+        recorder = SpanRecorder(self.store)
+        flusher = asyncio.create_task(recorder.run(), name=f"fulgor-spans-{claimed.rollout_id}")
+        context = RolloutContext(
+            rollout_id=claimed.rollout_id,
+            attempt_id=claimed.attempt.attempt_id,
+            recorder=recorder,
+            agent_name=self.agent.name,
+        )
+        status: AttemptStatus = "succeeded"
+        error: str | None = None
+        try:
+            resources = await self._resources_for(claimed)
+            with use_context(context):
+                status, error = await self._run_agent(claimed, resources)
+        except FulgorError as failure:
+            status, error = "failed", f"{type(failure).__name__}: {failure}"
+            logger.error("rollout %s could not start: %s", claimed.rollout_id, failure)
+        finally:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+            try:
+                await recorder.flush()
+            except FulgorError as failure:
+                status, error = "failed", f"spans could not be stored: {failure}"
+        await self._report(claimed, status, error)
+
+    async def _run_agent(
+        self, claimed: AttemptedRollout, resources: Mapping[str, Resource]
+    ) -> tuple[AttemptStatus, str | None]:
+        timeout = claimed.config.timeout_seconds
+        try:
+            async with asyncio.timeout(timeout):
+                await self.agent.run(claimed.input, resources, claimed)
+        except TimeoutError:
+            return "timeout", f"agent did not finish within timeout_seconds={timeout}"
+        except asyncio.CancelledError:
+            emit_exception(asyncio.CancelledError("the runner cancelled this rollout"))
+            raise
+        except Exception as failure:  # the worker boundary: the attempt fails, the runner goes on
+            emit_exception(failure)
+            logger.warning("agent %s failed on rollout %s: %r", self.agent.name, claimed.rollout_id, failure)
+            return "failed", f"{type(failure).__name__}: {failure}"
+        return "succeeded", None
+
+    async def _resources_for(self, claimed: AttemptedRollout) -> dict[str, Resource]:
+        version = await self.store.get_resources(claimed.resources_id)
+        resources: dict[str, Resource] = dict(version.resources) if version else {}
+        gateway = self.config.gateway_url
+        if gateway is not None:
+            url = gateway_base_url(gateway, claimed.rollout_id, claimed.attempt.attempt_id)
+            for name, resource in resources.items():
+                if isinstance(resource, LLM):
+                    resources[name] = resource.model_copy(update={"endpoint": url})
+        return resources
+
+    async def _report(self, claimed: AttemptedRollout, status: AttemptStatus, error: str | None) -> None:
+        try:
+            await self.store.update_attempt(
+                claimed.rollout_id, claimed.attempt.attempt_id, status=status, error=error
+            )
+        except (InvalidTransitionError, NotFoundError) as failure:
+            # The store ended the attempt first (watchdog or cancel); its verdict stands.
+            logger.info("attempt %s already ended: %s", claimed.attempt.attempt_id, failure)
+        self.completed += 1
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            free = self.config.max_concurrency - len(self._active)
+            if free <= 0:
+                await self._wait_for_a_slot()
+                continue
+            claim = asyncio.create_task(
+                self.store.claim(self.worker_id, limit=free, wait_seconds=self.config.claim_wait_seconds)
+            )
+            stop = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({claim, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not claim.done():
+                # Stopping mid-claim: let the claim finish so nothing it took is left unrun.
+                claim_result = await claim
+            else:
+                claim_result = claim.result()
+            for claimed in claim_result:
+                self._start(claimed)
+
+    def _start(self, claimed: AttemptedRollout) -> None:
+        task = asyncio.create_task(self.run_attempt(claimed), name=f"fulgor-rollout-{claimed.rollout_id}")
+        self._active[claimed.rollout_id] = (claimed, task)
+        task.add_done_callback(lambda _: self._active.pop(claimed.rollout_id, None))
+
+    async def _wait_for_a_slot(self) -> None:
+        tasks = {task for _, task in self._active.values()}
+        stop = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait({*tasks, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+
+    async def _drain(self) -> None:
+        running = list(self._active.values())
+        if not running:
+            return
+        grace = self.config.shutdown_grace_seconds
+        logger.info("waiting up to %.0fs for %d running rollouts", grace, len(running))
+        _, pending = await asyncio.wait([task for _, task in running], timeout=grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for claimed, task in running:
+            if task in pending:
+                await self._report(claimed, "failed", "runner shut down before the rollout finished")
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self.store.heartbeat(
+                    self.worker_id, {"active": len(self._active), "completed": self.completed}
+                )
+                await self._stop_ended_attempts()
+            except FulgorError as failure:
+                logger.warning("heartbeat failed: %s", failure)
+            await asyncio.sleep(self.config.heartbeat_seconds)
+
+    async def _stop_ended_attempts(self) -> None:
+        """Cancel agents whose rollout was cancelled or whose attempt the store's watchdog ended."""
+        for claimed, task in list(self._active.values()):
+            attempts = await self.store.list_attempts(claimed.rollout_id)
+            mine = next((a for a in attempts if a.attempt_id == claimed.attempt.attempt_id), None)
+            if mine is not None and not mine.is_live and not task.done():
+                logger.info("stopping rollout %s: its attempt is %s", claimed.rollout_id, mine.status)
+                task.cancel()

@@ -1,0 +1,173 @@
+"""The worker loop against real stores: outcomes, timeouts, retries, cancellation and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fulgor import semconv
+from fulgor.agent import emit_message, rollout
+from fulgor.runner import Runner, RunnerConfig, gateway_base_url
+from fulgor.store import MemoryStore, SqliteStore, Store
+from fulgor.types import LLM, RolloutConfig, RolloutRequest
+
+FAST = RunnerConfig(
+    max_concurrency=4, claim_wait_seconds=0.2, heartbeat_seconds=0.05, shutdown_grace_seconds=0.5
+)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    store: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "store.sqlite")
+    yield store
+    await store.close()
+
+
+async def run_until_done(
+    runner: Runner, store: Store, rollout_ids: list[str], wait_seconds: float = 20
+) -> None:
+    task = asyncio.create_task(runner.run())
+    try:
+        done = await store.wait(rollout_ids, timeout_seconds=wait_seconds)
+        assert len(done) == len(rollout_ids), "rollouts did not finish"
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+@rollout
+async def solver(task: dict[str, Any], llm: LLM) -> float | None:
+    emit_message(f"calling {llm.endpoint}")
+    if task["kind"] == "raise":
+        raise RuntimeError("tool crashed")
+    if task["kind"] == "hang":
+        await asyncio.sleep(60)
+    return 1.0 if task["kind"] == "right" else 0.0
+
+
+async def test_outcomes_are_reported_and_spans_kept(store: Store) -> None:
+    await store.put_resources({"llm": LLM(endpoint="http://upstream/v1", model="m")})
+    rollouts = await store.enqueue(
+        [RolloutRequest(input={"kind": kind}) for kind in ("right", "wrong", "raise", "right")]
+    )
+    runner = Runner(solver, store, worker_id="w1", config=FAST)
+    await run_until_done(runner, store, [r.rollout_id for r in rollouts])
+
+    statuses = [(await store.get_rollout(r.rollout_id)).status for r in rollouts]
+    assert statuses == ["succeeded", "succeeded", "failed", "succeeded"]
+    right = await store.query_spans(rollouts[0].rollout_id)
+    assert [s.name for s in right] == [semconv.SPAN_MESSAGE, semconv.SPAN_REWARD]
+    assert right[1].attributes[semconv.ATTR_REWARD_VALUE] == 1.0
+    assert right[0].attributes[semconv.ATTR_AGENT_NAME] == "solver"
+    raised = await store.query_spans(rollouts[2].rollout_id, name=semconv.SPAN_EXCEPTION)
+    assert raised[0].attributes[semconv.ATTR_EXCEPTION_MESSAGE] == "tool crashed"
+    [attempt] = await store.list_attempts(rollouts[2].rollout_id)
+    assert attempt.error == "RuntimeError: tool crashed"
+    assert [w.worker_id for w in await store.list_workers()] == ["w1"]
+
+
+async def test_gateway_url_is_handed_to_the_agent_per_rollout(store: Store) -> None:
+    seen: list[str] = []
+
+    @rollout
+    def agent(llm: LLM) -> float:
+        seen.append(llm.endpoint)
+        return 1.0
+
+    await store.put_resources({"llm": LLM(endpoint="http://engine/v1", model="m")})
+    [created] = await store.enqueue([RolloutRequest(input={})])
+    config = RunnerConfig(claim_wait_seconds=0.2, gateway_url="http://127.0.0.1:7000/")
+    await run_until_done(Runner(agent, store, config=config), store, [created.rollout_id])
+    [attempt] = await store.list_attempts(created.rollout_id)
+    assert seen == [gateway_base_url("http://127.0.0.1:7000", created.rollout_id, attempt.attempt_id)]
+    assert seen[0] == f"http://127.0.0.1:7000/r/{created.rollout_id}/{attempt.attempt_id}/v1"
+
+
+async def test_a_hanging_agent_times_out_and_is_retried(store: Store) -> None:
+    await store.put_resources({"llm": LLM(endpoint="http://upstream/v1", model="m")})
+    config = RolloutConfig(timeout_seconds=0.3, max_attempts=2)
+    [created] = await store.enqueue([RolloutRequest(input={"kind": "hang"}, config=config)])
+    started = time.monotonic()
+    await run_until_done(Runner(solver, store, config=FAST), store, [created.rollout_id])
+    assert time.monotonic() - started < 10
+    assert (await store.get_rollout(created.rollout_id)).status == "failed"
+    assert [a.status for a in await store.list_attempts(created.rollout_id)] == ["timeout", "timeout"]
+
+
+async def test_cancelling_a_rollout_stops_its_agent(store: Store) -> None:
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @rollout
+    async def waits(task: Any) -> float:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+        return 1.0
+
+    [created] = await store.enqueue([RolloutRequest(input={})])
+    runner = Runner(waits, store, config=FAST)
+    task = asyncio.create_task(runner.run())
+    await asyncio.wait_for(started.wait(), timeout=5)
+    await store.cancel([created.rollout_id])
+    await asyncio.wait_for(stopped.wait(), timeout=5)
+    runner.stop()
+    await asyncio.wait_for(task, timeout=10)
+    assert (await store.get_rollout(created.rollout_id)).status == "cancelled"
+
+
+async def test_shutdown_gives_a_grace_period_then_fails_the_attempt_for_a_retry(store: Store) -> None:
+    started = asyncio.Event()
+
+    @rollout
+    async def slow(task: dict[str, Any]) -> float:
+        if task["seconds"] > 1:
+            started.set()
+        await asyncio.sleep(task["seconds"])
+        return 1.0
+
+    config = RolloutConfig(max_attempts=2)
+    quick, stuck = await store.enqueue(
+        [
+            RolloutRequest(input={"seconds": 0.1}, config=config),
+            RolloutRequest(input={"seconds": 60}, config=config),
+        ]
+    )
+    runner = Runner(slow, store, config=FAST)
+    task = asyncio.create_task(runner.run())
+    await asyncio.wait_for(started.wait(), timeout=5)
+    runner.stop()
+    await asyncio.wait_for(task, timeout=10)
+    assert (await store.get_rollout(quick.rollout_id)).status == "succeeded"
+    # Not lost: the cut-short rollout is back in the queue for another runner.
+    assert (await store.get_rollout(stuck.rollout_id)).status == "requeuing"
+    [attempt] = await store.list_attempts(stuck.rollout_id)
+    assert attempt.status == "failed"
+    assert attempt.error is not None
+    assert "shut down" in attempt.error
+
+
+async def test_concurrency_is_bounded(store: Store) -> None:
+    running = 0
+    peak = 0
+
+    @rollout
+    async def counted(task: Any) -> float:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return 1.0
+
+    rollouts = await store.enqueue([RolloutRequest(input=i) for i in range(12)])
+    config = RunnerConfig(max_concurrency=3, claim_wait_seconds=0.2)
+    await run_until_done(Runner(counted, store, config=config), store, [r.rollout_id for r in rollouts])
+    assert peak == 3
+    assert (await store.stats()).rollouts == {"succeeded": 12}
