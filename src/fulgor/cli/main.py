@@ -13,9 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from fulgor import __version__
+from fulgor.cli import runner as runner_cli
 from fulgor.cli import store as store_cli
 
-COMMAND_MODULES = (store_cli,)
+COMMAND_MODULES = (store_cli, runner_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,3 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

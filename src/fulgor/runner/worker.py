@@ -104,6 +104,7 @@ class Runner:
         )
         status: AttemptStatus = "succeeded"
         error: str | None = None
+        cancelled = False
         try:
             resources = await self._resources_for(claimed)
             with use_context(context):
@@ -111,6 +112,10 @@ class Runner:
         except FulgorError as failure:
             status, error = "failed", f"{type(failure).__name__}: {failure}"
             logger.error("rollout %s could not start: %s", claimed.rollout_id, failure)
+        except asyncio.CancelledError:
+            # Shutdown, or the store ended the attempt: report it (a no-op in the latter case) so
+            # the store can requeue the rollout instead of waiting for it forever.
+            status, error, cancelled = "failed", "the runner shut down before the rollout finished", True
         finally:
             flusher.cancel()
             await asyncio.gather(flusher, return_exceptions=True)
@@ -119,6 +124,8 @@ class Runner:
             except FulgorError as failure:
                 status, error = "failed", f"spans could not be stored: {failure}"
         await self._report(claimed, status, error)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def _run_agent(
         self, claimed: AttemptedRollout, resources: Mapping[str, Resource]
@@ -191,18 +198,16 @@ class Runner:
         stop.cancel()
 
     async def _drain(self) -> None:
-        running = list(self._active.values())
-        if not running:
+        """Give running rollouts the grace period, then cancel them (each reports its attempt failed)."""
+        tasks = [task for _, task in self._active.values()]
+        if not tasks:
             return
         grace = self.config.shutdown_grace_seconds
-        logger.info("waiting up to %.0fs for %d running rollouts", grace, len(running))
-        _, pending = await asyncio.wait([task for _, task in running], timeout=grace)
+        logger.info("waiting up to %.0fs for %d running rollouts", grace, len(tasks))
+        _, pending = await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        for claimed, task in running:
-            if task in pending:
-                await self._report(claimed, "failed", "runner shut down before the rollout finished")
 
     async def _heartbeat_loop(self) -> None:
         while True:

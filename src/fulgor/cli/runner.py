@@ -1,0 +1,45 @@
+"""``fulgor runner``: run an agent's rollouts from a store in a pool of worker processes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fulgor.errors import FulgorError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "runner",
+        help="run an agent's rollouts from a store in worker processes",
+        description="Claims rollouts from the store and runs the agent on them until Ctrl+C. "
+        "The first Ctrl+C drains (running rollouts get --grace-seconds), the second stops at once.",
+    )
+    parser.add_argument(
+        "--agent", required=True, help="the agent as module:object (a @rollout function or an Agent)"
+    )
+    parser.add_argument("--store", default="sqlite:///runs/default/store.sqlite", help="store URL")
+    parser.add_argument("--n-runners", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--max-concurrency", type=int, default=1, help="rollouts at once per worker")
+    parser.add_argument("--gateway-url", help="hand agents per-rollout LLM URLs under this gateway")
+    parser.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on the first Ctrl+C")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fulgor.runner.pool import PoolConfig, RunnerPool
+    from fulgor.runner.worker import RunnerConfig
+
+    try:
+        runner = RunnerConfig(
+            max_concurrency=args.max_concurrency,
+            gateway_url=args.gateway_url,
+            shutdown_grace_seconds=args.grace_seconds,
+        )
+        pool = RunnerPool(args.agent, args.store, PoolConfig(n_runners=args.n_runners, runner=runner))
+    except FulgorError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 2
+    print(f"fulgor runner: {args.n_runners} worker(s) on {args.store}; Ctrl+C to stop", flush=True)
+    return pool.run()

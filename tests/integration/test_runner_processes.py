@@ -1,0 +1,167 @@
+"""``fulgor runner`` as a real process tree: signals, draining, no orphans, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fulgor.store import SqliteStore
+from fulgor.types import RolloutConfig, RolloutRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found
+
+
+def start_runner(store_path: Path, grace_seconds: float) -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "fulgor.cli.main", "runner",
+        "--agent", "tests.integration.agents.slow_agent:sleeper",
+        "--store", f"sqlite:///{store_path}",
+        "--n-runners", "2",
+        "--grace-seconds", str(grace_seconds),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    assert "Ctrl+C to stop" in process.stdout.readline()
+    return process
+
+
+def enqueue(store_path: Path, seconds: list[float]) -> list[str]:
+    async def run() -> list[str]:
+        store = SqliteStore(store_path)
+        config = RolloutConfig(max_attempts=2)
+        created = await store.enqueue([RolloutRequest(input={"seconds": s}, config=config) for s in seconds])
+        await store.close()
+        return [r.rollout_id for r in created]
+
+    return asyncio.run(run())
+
+
+def statuses(store_path: Path, rollout_ids: list[str]) -> list[str]:
+    async def run() -> list[str]:
+        store = SqliteStore(store_path)
+        result = [(await store.get_rollout(r)).status for r in rollout_ids]
+        await store.close()
+        return result
+
+    return asyncio.run(run())
+
+
+def wait_until(predicate: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_first_sigint_drains_then_requeues_and_leaves_no_process(tmp_path: Path) -> None:
+    store_path = tmp_path / "store.sqlite"
+    quick, slow_a, slow_b = enqueue(store_path, [0.2, 60, 60])
+    runner = start_runner(store_path, grace_seconds=1)
+    assert wait_until(lambda: statuses(store_path, [quick])[0] == "succeeded", 60)
+    assert wait_until(lambda: "queuing" not in statuses(store_path, [slow_a, slow_b]), 30)
+    children = descendants(runner.pid)
+    assert len(children) >= 2
+
+    started = time.monotonic()
+    runner.send_signal(signal.SIGINT)
+    runner.wait(timeout=10)
+    assert time.monotonic() - started < 10
+    assert runner.returncode == 0
+    assert not any(
+        Path(f"/proc/{pid}").exists() and descendants(pid) is not None for pid in children if _alive(pid)
+    )
+    # Cut short, not lost: both slow rollouts went back to the queue for another runner.
+    assert statuses(store_path, [quick, slow_a, slow_b]) == ["succeeded", "requeuing", "requeuing"]
+
+
+def test_second_sigint_stops_at_once_without_orphans(tmp_path: Path) -> None:
+    store_path = tmp_path / "store.sqlite"
+    slow_a, slow_b = enqueue(store_path, [60, 60])
+    runner = start_runner(store_path, grace_seconds=30)
+    assert wait_until(lambda: "queuing" not in statuses(store_path, [slow_a, slow_b]), 30)
+    children = descendants(runner.pid)
+
+    started = time.monotonic()
+    runner.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    runner.send_signal(signal.SIGINT)
+    runner.wait(timeout=10)
+    assert time.monotonic() - started < 8
+    assert not [pid for pid in children if _alive(pid)]
+    assert statuses(store_path, [slow_a, slow_b]) == ["requeuing", "requeuing"]
+
+
+def test_a_killed_parent_takes_its_children_down(tmp_path: Path) -> None:
+    store_path = tmp_path / "store.sqlite"
+    enqueue(store_path, [60])
+    runner = start_runner(store_path, grace_seconds=0.5)
+    assert wait_until(lambda: len(descendants(runner.pid)) >= 2, 30)
+    children = descendants(runner.pid)
+    runner.kill()
+    runner.wait(timeout=5)
+    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 15)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("spec", ["nomodule:agent", "tests.integration.agents.slow_agent:missing", "bad"])
+def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fulgor.cli.main",
+            "runner",
+            "--agent",
+            spec,
+            "--store",
+            f"sqlite:///{tmp_path}/s.db",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "error:" in result.stderr
+    assert spec.split(":")[0] in result.stderr
