@@ -1,0 +1,123 @@
+"""OpenTelemetry bridge: spans from the agent's own instrumentation land in the store.
+
+An agent instrumented with OpenTelemetry (an OpenAI or LangChain instrumentation, or its own
+``tracer.start_as_current_span``) keeps doing so; :func:`install` adds a span processor to the
+tracer provider that records every span started inside a rollout under that rollout and attempt,
+with its OpenTelemetry trace, span and parent ids kept. Spans started outside any rollout are
+left alone.
+
+Needs the ``opentelemetry-sdk`` package (``pip install 'fulgor[frameworks]'``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Literal
+
+from fulgor.agent.context import AgentError, RolloutContext, _current
+from fulgor.types import Span, SpanEvent, SpanStatus
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import Span as SdkSpan
+
+__all__ = ["install"]
+
+_NANOSECONDS = 1e9
+_STATUS: dict[int, Literal["unset", "ok", "error"]] = {0: "unset", 1: "ok", 2: "error"}
+
+
+def install(tracer_provider: TracerProvider | None = None) -> TracerProvider:
+    """Record OpenTelemetry spans made inside rollouts; returns the provider it was added to.
+
+    With no provider given it uses the global one, and sets a new SDK provider as the global one
+    when none is set yet. Installing twice on one provider adds one processor only.
+    """
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+    except ImportError as error:
+        raise AgentError(
+            "the OpenTelemetry bridge needs opentelemetry-sdk: pip install 'fulgor[frameworks]'"
+        ) from error
+    provider = tracer_provider
+    if provider is None:
+        current = trace.get_tracer_provider()
+        if isinstance(current, TracerProvider):
+            provider = current
+        else:
+            provider = TracerProvider()
+            trace.set_tracer_provider(provider)
+    if not getattr(provider, "_fulgor_bridge", False):
+        provider.add_span_processor(_processor())
+        provider._fulgor_bridge = True  # type: ignore[attr-defined]
+    return provider
+
+
+def _processor() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class RolloutSpanProcessor(SpanProcessor):
+        """Remembers which rollout each span started in; records it there when it ends."""
+
+        def __init__(self) -> None:
+            self._started: dict[int, RolloutContext] = {}
+            self._lock = threading.Lock()
+
+        def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+            context = _current.get()
+            if context is not None:
+                with self._lock:
+                    self._started[span.context.span_id] = context
+
+        def on_end(self, span: ReadableSpan) -> None:
+            if span.context is None:
+                return
+            with self._lock:
+                context = self._started.pop(span.context.span_id, None)
+            if context is not None:
+                context.recorder.record(_to_span(span, context))
+
+        def shutdown(self) -> None:
+            with self._lock:
+                self._started.clear()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+    return RolloutSpanProcessor()
+
+
+def _to_span(span: ReadableSpan, context: RolloutContext) -> Span:
+    assert span.context is not None
+    start = (span.start_time or 0) / _NANOSECONDS
+    end = None if span.end_time is None else span.end_time / _NANOSECONDS
+    return Span(
+        rollout_id=context.rollout_id,
+        attempt_id=context.attempt_id,
+        trace_id=f"{span.context.trace_id:032x}",
+        span_id=f"{span.context.span_id:016x}",
+        parent_id=None if span.parent is None else f"{span.parent.span_id:016x}",
+        name=span.name,
+        start_time=start,
+        end_time=end,
+        attributes=_plain(span.attributes),
+        events=tuple(
+            SpanEvent(
+                name=event.name, time=event.timestamp / _NANOSECONDS, attributes=_plain(event.attributes)
+            )
+            for event in span.events
+        ),
+        status=SpanStatus(
+            code=_STATUS.get(span.status.status_code.value, "unset"), message=span.status.description
+        ),
+        resource=_plain(span.resource.attributes),
+    )
+
+
+def _plain(attributes: Any) -> dict[str, Any]:
+    """OpenTelemetry attribute values (str, bool, numbers, and tuples of them) as JSON values."""
+    if not attributes:
+        return {}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in attributes.items()}

@@ -1,0 +1,49 @@
+"""Spans from the agent's own OpenTelemetry instrumentation land under its rollout."""
+
+from __future__ import annotations
+
+import asyncio
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from fulgor.agent import RolloutContext, SpanRecorder, use_context
+from fulgor.agent.otel import install
+from fulgor.store import MemoryStore
+from fulgor.types import RolloutRequest
+
+
+async def test_otel_spans_inside_a_rollout_are_stored_with_parents() -> None:
+    store = MemoryStore()
+    provider = TracerProvider()
+    assert install(provider) is install(provider)
+    tracer = provider.get_tracer("agent")
+    await store.enqueue([RolloutRequest(input=1)])
+    [claimed] = await store.claim("w")
+
+    with tracer.start_as_current_span("outside"):
+        pass
+    recorder = SpanRecorder(store)
+    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
+    attributes = {"step": 1, "tags": ("a", "b")}
+    with use_context(context), tracer.start_as_current_span("agent.plan", attributes=attributes) as plan:
+        plan.add_event("thought", {"text": "use the calculator"})
+        await asyncio.to_thread(lambda: tracer.start_span("tool.call").end())
+        with tracer.start_as_current_span("llm.call") as call:
+            call.set_status(Status(StatusCode.ERROR, "rate limited"))
+    await recorder.flush()
+
+    spans = {span.name: span for span in await store.query_spans(claimed.rollout_id)}
+    assert sorted(spans) == ["agent.plan", "llm.call", "tool.call"]
+    plan_span, call_span = spans["agent.plan"], spans["llm.call"]
+    assert call_span.parent_id == plan_span.span_id
+    assert call_span.trace_id == plan_span.trace_id
+    assert plan_span.parent_id is None
+    assert plan_span.attributes == {"step": 1, "tags": ["a", "b"]}
+    assert plan_span.events[0].attributes == {"text": "use the calculator"}
+    assert call_span.status.code == "error"
+    assert call_span.status.message == "rate limited"
+    assert plan_span.end_time is not None
+    assert plan_span.start_time <= call_span.start_time <= plan_span.end_time
+    assert "service.name" in plan_span.resource
+    await store.close()
