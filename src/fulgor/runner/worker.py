@@ -51,6 +51,8 @@ class RunnerConfig:
     shutdown_grace_seconds: float = 10.0
     gateway_url: str | None = None
     """When set, every LLM resource's endpoint becomes the rollout's own gateway URL."""
+    opentelemetry: bool = True
+    """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk)."""
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -84,6 +86,8 @@ class Runner:
 
     async def run(self) -> None:
         """Claim and run rollouts until ``stop`` is called, then drain and return."""
+        if self.config.opentelemetry:
+            _install_opentelemetry_bridge()
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="fulgor-heartbeat")
         try:
             await self._claim_loop()
@@ -228,3 +232,12 @@ class Runner:
             if mine is not None and not mine.is_live and not task.done():
                 logger.info("stopping rollout %s: its attempt is %s", claimed.rollout_id, mine.status)
                 task.cancel()
+
+
+def _install_opentelemetry_bridge() -> None:
+    from fulgor.agent import otel
+
+    try:
+        otel.install()
+    except FulgorError as missing:
+        logger.debug("OpenTelemetry spans will not be recorded: %s", missing)
