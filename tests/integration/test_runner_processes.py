@@ -39,13 +39,14 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def start_runner(store_path: Path, grace_seconds: float) -> subprocess.Popen[str]:
+def start_runner(store_path: Path, grace_seconds: float, agent: str = "sleeper") -> subprocess.Popen[str]:
     command = [
         sys.executable, "-m", "fulgor.cli.main", "runner",
-        "--agent", "tests.integration.agents.slow_agent:sleeper",
+        "--agent", f"tests.integration.agents.slow_agent:{agent}",
         "--store", f"sqlite:///{store_path}",
         "--n-runners", "2",
         "--grace-seconds", str(grace_seconds),
+        "--heartbeat-seconds", "0.3",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
@@ -56,10 +57,10 @@ def start_runner(store_path: Path, grace_seconds: float) -> subprocess.Popen[str
     return process
 
 
-def enqueue(store_path: Path, seconds: list[float]) -> list[str]:
+def enqueue(store_path: Path, seconds: list[float], unresponsive_seconds: float | None = None) -> list[str]:
     async def run() -> list[str]:
         store = SqliteStore(store_path)
-        config = RolloutConfig(max_attempts=2)
+        config = RolloutConfig(max_attempts=2, unresponsive_seconds=unresponsive_seconds)
         created = await store.enqueue([RolloutRequest(input={"seconds": s}, config=config) for s in seconds])
         await store.close()
         return [r.rollout_id for r in created]
@@ -98,11 +99,9 @@ def test_first_sigint_drains_then_requeues_and_leaves_no_process(tmp_path: Path)
     started = time.monotonic()
     runner.send_signal(signal.SIGINT)
     runner.wait(timeout=10)
-    assert time.monotonic() - started < 10
     assert runner.returncode == 0
-    assert not any(
-        Path(f"/proc/{pid}").exists() and descendants(pid) is not None for pid in children if _alive(pid)
-    )
+    # Within 10 s of Ctrl+C every process of the tree is gone (multiprocessing's helper included).
+    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 10 - (time.monotonic() - started))
     # Cut short, not lost: both slow rollouts went back to the queue for another runner.
     assert statuses(store_path, [quick, slow_a, slow_b]) == ["succeeded", "requeuing", "requeuing"]
 
@@ -119,8 +118,7 @@ def test_second_sigint_stops_at_once_without_orphans(tmp_path: Path) -> None:
     time.sleep(0.3)
     runner.send_signal(signal.SIGINT)
     runner.wait(timeout=10)
-    assert time.monotonic() - started < 8
-    assert not [pid for pid in children if _alive(pid)]
+    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 8 - (time.monotonic() - started))
     assert statuses(store_path, [slow_a, slow_b]) == ["requeuing", "requeuing"]
 
 
@@ -165,3 +163,50 @@ def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
     assert result.returncode == 2
     assert "error:" in result.stderr
     assert spec.split(":")[0] in result.stderr
+
+
+def test_a_runner_killed_mid_rollout_goes_unresponsive_and_another_finishes_it(tmp_path: Path) -> None:
+    store_path = tmp_path / "store.sqlite"
+    [rollout_id] = enqueue(store_path, [0], unresponsive_seconds=2)
+    runner = start_runner(store_path, grace_seconds=1, agent="dies_first_time")
+    try:
+        assert wait_until(lambda: statuses(store_path, [rollout_id]) == ["running"], 60)
+
+        async def owner_pid() -> int:
+            store = SqliteStore(store_path)
+            [attempt] = await store.list_attempts(rollout_id)
+            await store.close()
+            assert attempt.worker_id is not None
+            return int(attempt.worker_id.rsplit("-", 2)[1])
+
+        # The worker id is host-pid-index, the pid being the pool's; find the child by its index.
+        workers = descendants(runner.pid)
+        assert asyncio.run(owner_pid()) == runner.pid
+        victim = _child_running(store_path, rollout_id, workers)
+        os.kill(victim, signal.SIGKILL)
+        assert wait_until(lambda: statuses(store_path, [rollout_id]) == ["succeeded"], 60)
+
+        async def attempts() -> list[str]:
+            store = SqliteStore(store_path)
+            result = [a.status for a in await store.list_attempts(rollout_id)]
+            await store.close()
+            return result
+
+        assert asyncio.run(attempts()) == ["unresponsive", "succeeded"]
+    finally:
+        runner.send_signal(signal.SIGINT)
+        runner.wait(timeout=15)
+
+
+def _child_running(store_path: Path, rollout_id: str, workers: set[int]) -> int:
+    """The runner process whose message span says it runs the rollout's first attempt."""
+
+    async def pid() -> int:
+        store = SqliteStore(store_path)
+        spans = await store.query_spans(rollout_id, name="fulgor.message")
+        await store.close()
+        return int(spans[0].attributes["fulgor.message.body"].rsplit(" ", 1)[1])
+
+    child = asyncio.run(pid())
+    assert child in workers
+    return child

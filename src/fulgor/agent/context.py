@@ -75,9 +75,9 @@ class SpanRecorder:
         self._wake = asyncio.Event()
         try:
             while True:
+                await self.flush()  # also whatever was recorded before this task started
                 await self._wake.wait()
                 self._wake.clear()
-                await self.flush()
         finally:
             self._loop = None
             self._wake = None

@@ -24,6 +24,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-concurrency", type=int, default=1, help="rollouts at once per worker")
     parser.add_argument("--gateway-url", help="hand agents per-rollout LLM URLs under this gateway")
     parser.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on the first Ctrl+C")
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=5.0,
+        help="heartbeat interval; keep it below the rollouts' unresponsive_seconds",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -36,6 +42,7 @@ def _run(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             gateway_url=args.gateway_url,
             shutdown_grace_seconds=args.grace_seconds,
+            heartbeat_seconds=args.heartbeat_seconds,
         )
         pool = RunnerPool(args.agent, args.store, PoolConfig(n_runners=args.n_runners, runner=runner))
     except FulgorError as error:

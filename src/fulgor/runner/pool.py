@@ -3,7 +3,9 @@
 ``n_runners`` child processes each run one :class:`~fulgor.runner.worker.Runner` against the store
 at ``store_url`` (a SQLite file several processes may share, or a ``fulgor serve`` URL).
 
-Signals: the children ignore SIGINT and obey their parent only, so one Ctrl+C is one decision.
+Signals: the children ignore SIGINT and take their orders from the parent as SIGUSR1 (drain) and
+SIGUSR2 (stop now), so one Ctrl+C is one decision even when the whole process group receives it;
+a SIGTERM sent to a child directly makes it drain.
 The first SIGINT or SIGTERM to the parent makes every child stop claiming and drain (running
 rollouts get ``shutdown_grace_seconds``, then are cancelled and their attempts marked failed, so
 the store requeues or fails them); the second makes children cancel at once; children still alive
@@ -107,9 +109,10 @@ class RunnerPool:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
+        order = _DRAIN if self._signals == 1 else _STOP_NOW
         for child in self._children:
             if child.is_alive() and child.pid is not None:
-                os.kill(child.pid, signal.SIGTERM)
+                os.kill(child.pid, order)
 
     def _supervise(self) -> int:
         second_signal_time: float | None = None
@@ -125,11 +128,17 @@ class RunnerPool:
                         child.kill()
             for child in self._children:
                 child.join(timeout=0.1)
-        failed = [child.name for child in self._children if child.exitcode not in (0, -signal.SIGTERM)]
+        failed = [child.name for child in self._children if child.exitcode != 0]
         if failed and self._signals == 0:
             logger.error("runner processes exited with an error: %s", ", ".join(failed))
             return 1
         return 0
+
+
+# The parent's orders to its children: distinct signals, so that a SIGTERM sent to the whole process
+# group (by `timeout`, a service manager, or `kill -TERM -PGID`) still counts as one decision.
+_DRAIN = signal.SIGUSR1
+_STOP_NOW = signal.SIGUSR2
 
 
 def _child_main(
@@ -154,26 +163,22 @@ async def _run_child(
     store = open_store(store_url)
     runner = Runner(agent, store, worker_id=worker_id, config=config)
     loop = asyncio.get_running_loop()
-    terms = 0
 
-    def on_term() -> None:
-        nonlocal terms
-        terms += 1
-        if terms == 1:
-            runner.stop()
-        else:
-            runner.config = replace(runner.config, shutdown_grace_seconds=0)
-            runner.stop()
-            for task in asyncio.all_tasks(loop):
-                if task.get_name().startswith("fulgor-rollout-"):
-                    task.cancel()
+    def stop_now() -> None:
+        runner.config = replace(runner.config, shutdown_grace_seconds=0)
+        runner.stop()
+        for task in asyncio.all_tasks(loop):
+            if task.get_name().startswith("fulgor-rollout-"):
+                task.cancel()
 
     def on_parent_gone() -> None:
         loop.remove_reader(parent_alive.fileno())
         logger.warning("the runner pool's parent process is gone; stopping")
         runner.stop()
 
-    loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGTERM, runner.stop)
+    loop.add_signal_handler(_DRAIN, runner.stop)
+    loop.add_signal_handler(_STOP_NOW, stop_now)
     loop.add_reader(parent_alive.fileno(), on_parent_gone)
     try:
         await runner.run()

@@ -77,6 +77,7 @@ class Runner:
         self.worker_id = worker_id or default_worker_id()
         self.config = config or RunnerConfig()
         self._active: dict[str, tuple[AttemptedRollout, asyncio.Task[None]]] = {}
+        self._reported: set[str] = set()  # attempt ids whose outcome reached the store
         self._stopping = asyncio.Event()
         self.completed = 0
 
@@ -168,6 +169,7 @@ class Runner:
         except (InvalidTransitionError, NotFoundError) as failure:
             # The store ended the attempt first (watchdog or cancel); its verdict stands.
             logger.info("attempt %s already ended: %s", claimed.attempt.attempt_id, failure)
+        self._reported.add(claimed.attempt.attempt_id)
         self.completed += 1
 
     async def _claim_loop(self) -> None:
@@ -203,15 +205,20 @@ class Runner:
 
     async def _drain(self) -> None:
         """Give running rollouts the grace period, then cancel them (each reports its attempt failed)."""
-        tasks = [task for _, task in self._active.values()]
-        if not tasks:
+        running = list(self._active.values())
+        if not running:
             return
+        tasks = [task for _, task in running]
         grace = self.config.shutdown_grace_seconds
         logger.info("waiting up to %.0fs for %d running rollouts", grace, len(tasks))
         _, pending = await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        for claimed, _ in running:
+            # A task cancelled before it started never ran its own report.
+            if claimed.attempt.attempt_id not in self._reported:
+                await self._report(claimed, "failed", "the runner shut down before the rollout started")
 
     async def _heartbeat_loop(self) -> None:
         while True:

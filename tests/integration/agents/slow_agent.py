@@ -14,3 +14,12 @@ async def sleeper(task: dict[str, Any]) -> float:
     emit_message(f"pid {os.getpid()} sleeping {task['seconds']}s")
     await asyncio.sleep(task["seconds"])
     return 1.0
+
+
+@rollout
+async def dies_first_time(task: dict[str, Any], rollout: Any) -> float:
+    """Hangs on a rollout's first attempt (the test kills its process), finishes on the retry."""
+    emit_message(f"attempt {rollout.attempt.sequence_id} in pid {os.getpid()}")
+    if rollout.attempt.sequence_id == 1:
+        await asyncio.sleep(600)
+    return 1.0
