@@ -23,6 +23,7 @@ from fulgor.errors import (
     StoreError,
     ValidationError,
 )
+from fulgor.runner import SubprocessAgent
 from fulgor.types import (
     LLM,
     Attempt,
@@ -58,6 +59,7 @@ __all__ = [
     "RolloutRequest",
     "Span",
     "StoreError",
+    "SubprocessAgent",
     "ValidationError",
     "Worker",
     "__version__",

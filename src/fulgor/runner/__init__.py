@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from fulgor.runner.subprocess_agent import ProgramResult, SubprocessAgent
 from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id, gateway_base_url
 
-__all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
+__all__ = [
+    "ProgramResult",
+    "Runner",
+    "RunnerConfig",
+    "SubprocessAgent",
+    "default_worker_id",
+    "gateway_base_url",
+]

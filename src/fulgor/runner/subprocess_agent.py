@@ -1,0 +1,262 @@
+"""Zero-code agents: any program, in any language, run once per rollout.
+
+The program learns everything from its environment (DESIGN.md, "Zero-code agents"):
+
+=====================  ==========================================================================
+``OPENAI_BASE_URL``    the rollout's OpenAI-compatible base URL (the ``llm`` resource's endpoint)
+``OPENAI_API_KEY``     the ``llm`` resource's key (a placeholder when it has none)
+``ANTHROPIC_BASE_URL`` the same URL without the trailing ``/v1`` (the Anthropic SDK appends it)
+``FULGOR_BASE_URL``    the same URL without ``/v1``: the rollout's root on the gateway
+``FULGOR_REWARD_URL``  ``POST {"value": 1.0}`` here (or ``{"values": {...}, "primary": ...}``)
+``FULGOR_ROLLOUT_ID``  the rollout id (``FULGOR_ATTEMPT_ID`` the attempt id)
+``FULGOR_TASK``        the task input as JSON
+=====================  ==========================================================================
+
+The reward URL is served by a small HTTP endpoint on 127.0.0.1 inside the runner process, so it
+works with an embedded SQLite store as well as with ``fulgor serve``. Each program runs in its own
+process group; when the rollout times out, is cancelled or the runner shuts down, the whole group
+is terminated (SIGTERM, then SIGKILL after ``kill_grace_seconds``), so no grandchild survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
+from fulgor.agent.emit import emit_message, emit_reward
+from fulgor.types import LLM, Resource, Rollout
+
+__all__ = ["ProgramResult", "SubprocessAgent"]
+
+logger = logging.getLogger(__name__)
+
+_OUTPUT_LIMIT_BYTES = 64 * 1024
+_BODY_LIMIT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """What a finished program left behind, for an optional reward function."""
+
+    task: Any
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class SubprocessAgent:
+    """Runs ``command`` once per rollout with the environment contract above.
+
+    ``reward_fn(result) -> float | None`` turns the program's output into a reward when the
+    program does not post one itself. Without a reward function, a non-zero exit code fails the
+    attempt (the tail of stderr is the error).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        name: str | None = None,
+        reward_fn: Callable[[ProgramResult], float | None] | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        kill_grace_seconds: float = 2.0,
+    ) -> None:
+        if not command:
+            raise AgentError("SubprocessAgent needs a command, e.g. ['python', 'agent.py']")
+        self.command = list(command)
+        self.name = name or os.path.basename(self.command[-1])
+        self.reward_fn = reward_fn
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.kill_grace_seconds = kill_grace_seconds
+        self._rewards = _RewardEndpoint()
+
+    async def run(self, task: Any, resources: Mapping[str, Resource], rollout: Rollout) -> float | None:
+        context = current_context()
+        reward_url = await self._rewards.register(context)
+        try:
+            result = await self._run_program(self._environment(task, resources, context, reward_url), task)
+        finally:
+            self._rewards.unregister(context)
+        if result.stdout:
+            emit_message(result.stdout[-_OUTPUT_LIMIT_BYTES:])
+        if self.reward_fn is not None:
+            reward = self.reward_fn(result)
+            return None if reward is None else emit_reward(reward).value
+        if result.exit_code != 0:
+            raise AgentError(
+                f"{self.command[0]} exited with code {result.exit_code}: {result.stderr[-2000:]}"
+            )
+        return None
+
+    def _environment(
+        self, task: Any, resources: Mapping[str, Resource], context: RolloutContext, reward_url: str
+    ) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        llm = resources.get("llm") or next((r for r in resources.values() if isinstance(r, LLM)), None)
+        if isinstance(llm, LLM):
+            root = llm.endpoint.rstrip("/").removesuffix("/v1")
+            env.update(
+                OPENAI_BASE_URL=llm.endpoint,
+                OPENAI_API_KEY=llm.api_key or "fulgor",
+                ANTHROPIC_BASE_URL=root,
+                FULGOR_BASE_URL=root,
+                FULGOR_MODEL=llm.model,
+            )
+        env.update(
+            FULGOR_REWARD_URL=reward_url,
+            FULGOR_ROLLOUT_ID=context.rollout_id,
+            FULGOR_ATTEMPT_ID=context.attempt_id,
+            FULGOR_TASK=json.dumps(task),
+        )
+        return env
+
+    async def _run_program(self, env: dict[str, str], task: Any) -> ProgramResult:
+        process = await asyncio.create_subprocess_exec(
+            *self.command,
+            env=env,
+            cwd=self.cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group, so the whole tree can be stopped
+        )
+        try:
+            stdout, stderr = await process.communicate()
+        except BaseException:
+            await self._stop_group(process)
+            raise
+        _kill_group(process.pid)  # whatever the program left running in its group goes with it
+        return ProgramResult(
+            task=task,
+            exit_code=process.returncode if process.returncode is not None else -1,
+            stdout=stdout[-_OUTPUT_LIMIT_BYTES:].decode(errors="replace"),
+            stderr=stderr[-_OUTPUT_LIMIT_BYTES:].decode(errors="replace"),
+        )
+
+    async def _stop_group(self, process: asyncio.subprocess.Process) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), timeout=self.kill_grace_seconds)
+                # The leader is gone; make sure nothing it started lingers in its group.
+                os.killpg(process.pid, signal.SIGKILL)
+                return
+            except TimeoutError:
+                continue
+            except ProcessLookupError:
+                return
+
+
+class _RewardEndpoint:
+    """``POST /reward/{token}`` on 127.0.0.1: rewards from programs, recorded under their rollout.
+
+    Each running program gets an unguessable token in its URL, so one program cannot post into
+    another's rollout.
+    """
+
+    def __init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self._port = 0
+        self._contexts: dict[str, RolloutContext] = {}
+        self._tokens: dict[str, str] = {}
+
+    async def register(self, context: RolloutContext) -> str:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            self._port = self._server.sockets[0].getsockname()[1]
+        token = secrets.token_urlsafe(16)
+        self._contexts[token] = context
+        self._tokens[context.attempt_id] = token
+        return f"http://127.0.0.1:{self._port}/reward/{token}"
+
+    def unregister(self, context: RolloutContext) -> None:
+        """Forget the rollout; the last one out closes the port."""
+        token = self._tokens.pop(context.attempt_id, None)
+        if token is not None:
+            self._contexts.pop(token, None)
+        if not self._contexts and self._server is not None:
+            self._server.close()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, body = await self._respond(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            status, body = 400, {"error": {"code": "bad_request", "message": "malformed HTTP request"}}
+        payload = json.dumps(body).encode()
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            404: "Not Found",
+            405: "Method Not Allowed",
+            413: "Too Large",
+        }
+        writer.write(
+            f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        try:
+            await writer.drain()
+        finally:
+            writer.close()
+
+    async def _respond(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[int, dict[str, Any]]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        request_line, *header_lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = request_line.split(" ", 2)
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines if line)
+        }
+        length = int(headers.get("content-length", "0"))
+        if length > _BODY_LIMIT_BYTES:
+            return 413, _error("too_large", f"the body may be at most {_BODY_LIMIT_BYTES} bytes")
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = await reader.readexactly(length)
+        context = self._contexts.get(path.removeprefix("/reward/"))
+        if method != "POST":
+            return 405, _error("method_not_allowed", 'POST {"value": 1.0} to this URL')
+        if context is None:
+            return 404, _error("not_found", "this reward URL belongs to no running rollout")
+        return self._record(context, body)
+
+    def _record(self, context: RolloutContext, body: bytes) -> tuple[int, dict[str, Any]]:
+        try:
+            data = json.loads(body)
+            value = data["values"] if "values" in data else data["value"]
+            with use_context(context):
+                reward = emit_reward(value, primary=data.get("primary"))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return 400, _error(
+                "validation_error", 'send JSON like {"value": 1.0} or {"values": {...}, "primary": "..."}'
+            )
+        except AgentError as error:
+            return 400, _error("validation_error", error.message)
+        return 200, {"value": reward.value, "primary": reward.primary}
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}

@@ -1,0 +1,174 @@
+"""Zero-code agents: a bash script with curl and a Python script, run per rollout by the runner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from fulgor import semconv
+from fulgor.runner import ProgramResult, Runner, RunnerConfig, SubprocessAgent
+from fulgor.store import MemoryStore
+from fulgor.types import LLM, RolloutConfig, RolloutRequest
+
+FAST = RunnerConfig(max_concurrency=2, claim_wait_seconds=0.2, heartbeat_seconds=0.1)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    store = MemoryStore()
+    await store.put_resources({"llm": LLM(endpoint="http://127.0.0.1:9/r/x/y/v1", model="tiny", api_key="k")})
+    yield store
+    await store.close()
+
+
+async def run_all(
+    store: MemoryStore, agent: SubprocessAgent, inputs: list[object], **config: float
+) -> list[str]:
+    created = await store.enqueue([RolloutRequest(input=i, config=RolloutConfig(**config)) for i in inputs])
+    runner = Runner(agent, store, config=FAST)
+    task = asyncio.create_task(runner.run())
+    done = await store.wait([r.rollout_id for r in created], timeout_seconds=30)
+    runner.stop()
+    await task
+    assert len(done) == len(created)
+    return [r.rollout_id for r in created]
+
+
+async def rewards(store: MemoryStore, rollout_id: str) -> list[float]:
+    spans = await store.query_spans(rollout_id, name=semconv.SPAN_REWARD)
+    return [s.attributes[semconv.ATTR_REWARD_VALUE] for s in spans]
+
+
+async def test_bash_script_with_curl_posts_its_reward(store: MemoryStore, tmp_path: Path) -> None:
+    script = tmp_path / "agent.sh"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            #!/usr/bin/env bash
+            set -euo pipefail
+            value=0.0
+            if [[ "$FULGOR_TASK" == '{"answer": 4}' ]]; then value=1.0; fi
+            curl -sf -o /dev/null -H 'Content-Type: application/json' \\
+              -d "{\\"value\\": $value}" "$FULGOR_REWARD_URL"
+            echo "base=$OPENAI_BASE_URL anthropic=$ANTHROPIC_BASE_URL" \\
+              "key=$OPENAI_API_KEY id=$FULGOR_ROLLOUT_ID"
+            """
+        )
+    )
+    script.chmod(0o755)
+    right, wrong = await run_all(store, SubprocessAgent([str(script)]), [{"answer": 4}, {"answer": 5}])
+    assert await rewards(store, right) == [1.0]
+    assert await rewards(store, wrong) == [0.0]
+    [message] = await store.query_spans(right, name=semconv.SPAN_MESSAGE)
+    assert message.attributes[semconv.ATTR_MESSAGE_BODY].strip() == (
+        f"base=http://127.0.0.1:9/r/x/y/v1 anthropic=http://127.0.0.1:9/r/x/y key=k id={right}"
+    )
+    assert (await store.get_rollout(right)).status == "succeeded"
+
+
+async def test_python_script_posts_named_rewards_and_bad_posts_get_clear_errors(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import json, os, urllib.request, urllib.error
+
+            def post(body):
+                url = os.environ["FULGOR_REWARD_URL"]
+                request = urllib.request.Request(url, data=json.dumps(body).encode())
+                try:
+                    with urllib.request.urlopen(request) as response:
+                        return response.status, json.load(response)
+                except urllib.error.HTTPError as error:
+                    return error.code, json.load(error)
+
+            bad = post({"reward": 1})
+            wrong_primary = post({"values": {"a": 1.0}, "primary": "b"})
+            good = post({"values": {"correct": 1.0, "format": 0.5}, "primary": "correct"})
+            forged = urllib.request.Request(os.environ["FULGOR_REWARD_URL"] + "x", data=b'{"value": 1}')
+            try:
+                urllib.request.urlopen(forged)
+            except urllib.error.HTTPError as error:
+                forged_status = error.code
+            print(json.dumps([bad, wrong_primary, good, forged_status]))
+            """
+        )
+    )
+    [rollout_id] = await run_all(store, SubprocessAgent([sys.executable, str(script)]), [{}])
+    [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+    bad, wrong_primary, good, forged_status = json.loads(message.attributes[semconv.ATTR_MESSAGE_BODY])
+    assert bad[0] == 400
+    assert "value" in bad[1]["error"]["message"]
+    assert wrong_primary[0] == 400
+    assert "not among" in wrong_primary[1]["error"]["message"]
+    assert good == [200, {"value": 1.0, "primary": "correct"}]
+    assert forged_status == 404
+    assert await rewards(store, rollout_id) == [1.0]
+
+
+async def test_reward_function_over_output_and_exit_code(store: MemoryStore) -> None:
+    def reward(result: ProgramResult) -> float:
+        return 1.0 if result.exit_code == 3 and result.stdout.strip() == str(result.task["n"] * 2) else 0.0
+
+    program = [
+        sys.executable,
+        "-c",
+        "import json,os,sys; print(json.loads(os.environ['FULGOR_TASK'])['n']*2); sys.exit(3)",
+    ]
+    [rollout_id] = await run_all(store, SubprocessAgent(program, reward_fn=reward), [{"n": 21}])
+    assert await rewards(store, rollout_id) == [1.0]
+    assert (await store.get_rollout(rollout_id)).status == "succeeded"
+
+
+async def test_nonzero_exit_without_reward_function_fails_with_stderr(store: MemoryStore) -> None:
+    program = [sys.executable, "-c", "import sys; sys.stderr.write('no API key'); sys.exit(2)"]
+    [rollout_id] = await run_all(store, SubprocessAgent(program), [{}])
+    [attempt] = await store.list_attempts(rollout_id)
+    assert attempt.status == "failed"
+    assert attempt.error is not None
+    assert "exited with code 2: no API key" in attempt.error
+
+
+async def test_timeout_kills_the_whole_process_group(store: MemoryStore, tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; wait"
+    started = time.monotonic()
+    [rollout_id] = await run_all(store, SubprocessAgent(["bash", "-c", script]), [{}], timeout_seconds=1.0)
+    assert time.monotonic() - started < 15
+    [attempt] = await store.list_attempts(rollout_id)
+    assert attempt.status == "timeout"
+    grandchild = int(pid_file.read_text())
+    assert _gone_within(grandchild, seconds=5)
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_empty_command_is_refused() -> None:
+    from fulgor.agent import AgentError
+
+    with pytest.raises(AgentError, match="needs a command"):
+        SubprocessAgent([])
+    assert os.path.basename(SubprocessAgent(["python", "x/agent.py"]).name) == "agent.py"
