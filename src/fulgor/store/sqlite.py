@@ -301,30 +301,53 @@ class SqliteStore:
         now = self._clock()
         changed = False
         with self._write():
-            attempts = {
-                key: self._attempt(*key)
-                for key in dict.fromkeys((span.rollout_id, span.attempt_id) for span in spans)
-            }
-            counts = {key: self._span_count(attempt.attempt_id) for key, attempt in attempts.items()}
-            stored = []
-            for span in spans:
-                key = (span.rollout_id, span.attempt_id)
-                existing = self._existing_span(span)
-                if existing is None:
-                    counts[key] += 1
-                    existing = span.model_copy(update={"sequence_id": counts[key]})
-                    self._insert_span(existing, attempts[key].sequence_id)
-                stored.append(existing)
-            for key, attempt in attempts.items():
-                self._conn.execute(
-                    "UPDATE attempts SET span_count = ? WHERE attempt_id = ?", (counts[key], key[1])
-                )
-                if attempt.is_live:
+            keys = dict.fromkeys((span.rollout_id, span.attempt_id) for span in spans)
+            attempts = {key: self._attempt_with_span_count(*key) for key in keys}
+            counts = {key: count for key, (_, count) in attempts.items()}
+            stored = [
+                self._store_span(span, attempts[key][0].sequence_id, counts, key)
+                for span in spans
+                for key in [(span.rollout_id, span.attempt_id)]
+            ]
+            for key, (attempt, _) in attempts.items():
+                if attempt.status == "preparing":
                     running = attempt.model_copy(update={"status": "running", "last_active_time": now})
                     changed = self._put_attempt(running, now) or changed
+                # Live or not, one statement: the span count, and activity for a live attempt.
+                self._conn.execute(
+                    f"UPDATE attempts SET span_count = ?, last_active_time = "
+                    f"CASE WHEN {_LIVE} THEN ? ELSE last_active_time END WHERE attempt_id = ?",
+                    (counts[key], now, key[1]),
+                )
         if changed:
             self._signal.notify()
         return stored
+
+    def _store_span(
+        self, span: Span, attempt_seq: int, counts: dict[tuple[str, str], int], key: tuple[str, str]
+    ) -> Span:
+        """Insert a span with the next sequence id, or return the one its span_id already names."""
+        candidate = span.model_copy(update={"sequence_id": counts[key] + 1})
+        cursor = self._conn.execute(
+            "INSERT OR IGNORE INTO spans "
+            "(rollout_id, attempt_seq, attempt_id, sequence_id, span_id, name, body) VALUES (?,?,?,?,?,?,?)",
+            (
+                span.rollout_id,
+                attempt_seq,
+                span.attempt_id,
+                candidate.sequence_id,
+                span.span_id,
+                span.name,
+                candidate.model_dump_json(),
+            ),
+        )
+        if cursor.rowcount == 1:
+            counts[key] += 1
+            return candidate
+        row = self._conn.execute(
+            "SELECT body FROM spans WHERE attempt_id = ? AND span_id = ?", (span.attempt_id, span.span_id)
+        ).fetchone()
+        return Span.model_validate_json(row[0])
 
     async def query_spans(
         self,
@@ -574,32 +597,15 @@ class SqliteStore:
         )
         return True
 
-    def _span_count(self, attempt_id: str) -> int:
-        (count,) = self._conn.execute(
-            "SELECT span_count FROM attempts WHERE attempt_id = ?", (attempt_id,)
-        ).fetchone()
-        return int(count)
-
-    def _existing_span(self, span: Span) -> Span | None:
+    def _attempt_with_span_count(self, rollout_id: str, attempt_id: str) -> tuple[Attempt, int]:
         row = self._conn.execute(
-            "SELECT body FROM spans WHERE attempt_id = ? AND span_id = ?", (span.attempt_id, span.span_id)
+            f"SELECT {_ATTEMPT_COLUMNS}, span_count FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            (attempt_id, rollout_id),
         ).fetchone()
-        return Span.model_validate_json(row[0]) if row else None
-
-    def _insert_span(self, span: Span, attempt_seq: int) -> None:
-        self._conn.execute(
-            "INSERT INTO spans (rollout_id, attempt_seq, attempt_id, sequence_id, span_id, name, body) "
-            "VALUES (?,?,?,?,?,?,?)",
-            (
-                span.rollout_id,
-                attempt_seq,
-                span.attempt_id,
-                span.sequence_id,
-                span.span_id,
-                span.name,
-                span.model_dump_json(),
-            ),
-        )
+        if row is None:
+            self._rollout(rollout_id)
+            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+        return _attempt(row[:-1]), int(row[-1])
 
     def _cancel_one(self, rollout: Rollout, now: float) -> Rollout:
         rows = self._conn.execute(
