@@ -15,7 +15,7 @@ $(VENV)/.created:
 
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[dev,torch,server,frameworks]'
+	$(PIP) install -e '.[dev,torch,server,frameworks,ray]'
 	touch $@
 
 lint: $(VENV)/.installed-test

@@ -1,0 +1,68 @@
+"""Runners as Ray actors on a local Ray instance, sharing one SQLite store file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fulgor.runner.pool import PoolConfig
+from fulgor.runner.ray_pool import RayRunnerPool
+from fulgor.runner.worker import RunnerConfig
+from fulgor.store import SqliteStore
+from fulgor.types import RolloutRequest
+
+ray = pytest.importorskip("ray", reason="the ray extra is installed by make test")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ray_pool_says_when_ray_is_not_initialised(tmp_path: Path) -> None:
+    from fulgor.errors import ConfigError
+
+    assert not ray.is_initialized()  # this test runs before the module's Ray instance starts
+    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(ConfigError, match=r"ray\.init"):
+        pool.start()
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
+    yield
+    ray.shutdown()
+
+
+def test_ray_actors_run_every_rollout_once(local_ray: None, tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite"
+
+    async def enqueue() -> list[str]:
+        store = SqliteStore(path)
+        created = await store.enqueue([RolloutRequest(input={"seconds": 0.05}) for _ in range(8)])
+        await store.close()
+        return [r.rollout_id for r in created]
+
+    rollout_ids = asyncio.run(enqueue())
+    config = PoolConfig(n_runners=2, runner=RunnerConfig(max_concurrency=2, claim_wait_seconds=0.5))
+    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", f"sqlite:///{path}", config)
+    pool.start()
+
+    async def wait() -> tuple[list[str], list[str | None]]:
+        store = SqliteStore(path)
+        done = await store.wait(rollout_ids, timeout_seconds=60)
+        workers = [(await store.list_attempts(r))[0].worker_id for r in rollout_ids]
+        await store.close()
+        return [r.status for r in done], workers
+
+    statuses, workers = asyncio.run(wait())
+    completed = pool.stop()
+    assert statuses == ["succeeded"] * 8
+    assert completed == 8
+    assert set(workers) <= {"ray-runner-0", "ray-runner-1"}
+    assert all(len(attempts) == 1 for attempts in [[w] for w in workers])
