@@ -1,0 +1,255 @@
+"""Spans -> trajectories: the exact tokens a rollout's model calls sampled, ready for training.
+
+Rules (DESIGN.md, "Trajectories"):
+
+* A rollout's model calls are taken in the order the store recorded them. Consecutive calls merge
+  into one token row only when the next call's prompt ids start with the previous row's ids
+  exactly (prompt + response); the tokens in between (tool results, user turns) join the row as
+  context under loss mask 0. Anything else starts a new row and counts as a merge break: a chat
+  template that is not append-only (one that drops earlier reasoning, say) cannot be trained as
+  one sequence, and re-tokenising it would train on tokens the model never sampled.
+* Calls without engine token ids are never trained on; they are counted.
+* The rollout reward (the primary value of its last ``fulgor.reward`` span) is the reward of
+  every row. ``reward_mode="per_call"`` instead gives each call the rewards emitted after it
+  (until the next call), discounted by ``discount`` per later call: the return from that call.
+* ``agent_match`` (a regular expression on the recorded agent name) keeps only the calls of the
+  chosen agents of a multi-agent system.
+
+Every step reports what it did in a :class:`DriftReport`, and :func:`verify_rows` re-checks that
+every trained token equals the id the engine returned for that position.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fulgor import semconv
+from fulgor.types import ModelCall, Rollout, Span
+
+__all__ = [
+    "DriftReport",
+    "Trajectory",
+    "TrajectoryRow",
+    "build_trajectory",
+    "model_calls",
+    "rollout_reward",
+    "verify_rows",
+]
+
+
+@dataclass
+class TrajectoryRow:
+    """One token sequence to train on: context (mask 0) and sampled tokens (mask 1)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    sampled_logprobs: list[float] = field(default_factory=list)
+    """The engine's logprob for each sampled token; 0.0 under mask 0."""
+    calls: list[int] = field(default_factory=list)
+    """Indices (into the rollout's trained calls) of the calls merged into this row."""
+    returns: list[float] = field(default_factory=list)
+    """Per token: the return of the call that sampled it (``per_call`` mode), else the reward."""
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Trajectory:
+    """A rollout's training rows and its reward."""
+
+    rollout_id: str
+    group_id: str | None
+    reward: float
+    rows: list[TrajectoryRow]
+    model_versions: list[str | None]
+    resources_id: str | None = None
+
+
+@dataclass
+class DriftReport:
+    """What the adapter had to do with a batch of rollouts; zero everywhere is the healthy state."""
+
+    calls_total: int = 0
+    calls_trained: int = 0
+    calls_missing_ids: int = 0
+    calls_not_matched: int = 0
+    merge_breaks: int = 0
+    truncated_rows: int = 0
+    dropped_rows: int = 0
+    rollouts_without_calls: int = 0
+    id_mismatches: int = 0
+
+    def add(self, other: DriftReport) -> None:
+        for name in vars(self):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_metrics(self, prefix: str = "drift/") -> dict[str, float]:
+        return {f"{prefix}{name}": float(value) for name, value in vars(self).items()}
+
+
+def model_calls(spans: Sequence[Span]) -> list[tuple[Span, ModelCall]]:
+    """The rollout's model calls in store order (one span may hold one call per sampled choice)."""
+    calls = []
+    for span in sorted(spans, key=lambda s: s.sequence_id or 0):
+        if span.name == semconv.SPAN_MODEL_CALL and semconv.ATTR_MODEL_CALL in span.attributes:
+            calls.append((span, ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL])))
+    return calls
+
+
+def _reward_spans(spans: Sequence[Span]) -> list[Span]:
+    return sorted(
+        (s for s in spans if s.name == semconv.SPAN_REWARD and semconv.ATTR_REWARD_VALUE in s.attributes),
+        key=lambda s: s.sequence_id or 0,
+    )
+
+
+def rollout_reward(spans: Sequence[Span]) -> float | None:
+    """The primary value of the rollout's last reward span (None when it emitted none)."""
+    rewards = _reward_spans(spans)
+    return float(rewards[-1].attributes[semconv.ATTR_REWARD_VALUE]) if rewards else None
+
+
+def build_trajectory(
+    rollout: Rollout,
+    spans: Sequence[Span],
+    *,
+    reward: float | None = None,
+    agent_match: str | None = None,
+    reward_mode: Literal["final", "per_call"] = "final",
+    discount: float = 1.0,
+    max_tokens: int | None = None,
+) -> tuple[Trajectory | None, DriftReport]:
+    """Turn one rollout's spans into training rows; None when nothing in it can be trained on."""
+    report = DriftReport()
+    final_reward = reward if reward is not None else rollout_reward(spans)
+    calls = _trainable_calls(model_calls(spans), agent_match, report)
+    if not calls or final_reward is None:
+        report.rollouts_without_calls += 1
+        return None, report
+    returns = _call_returns(calls, spans, final_reward, reward_mode, discount)
+    rows = _merge(calls, returns, report)
+    rows = _fit(rows, max_tokens, report)
+    report.id_mismatches += verify_rows(rows, [call for _, call in calls])
+    if not rows:
+        report.rollouts_without_calls += 1
+        return None, report
+    trajectory = Trajectory(
+        rollout_id=rollout.rollout_id,
+        group_id=rollout.group_id,
+        reward=final_reward,
+        rows=rows,
+        model_versions=[call.model_version for _, call in calls],
+        resources_id=rollout.resources_id,
+    )
+    return trajectory, report
+
+
+def _trainable_calls(
+    calls: list[tuple[Span, ModelCall]], agent_match: str | None, report: DriftReport
+) -> list[tuple[Span, ModelCall]]:
+    pattern = re.compile(agent_match) if agent_match is not None else None
+    kept = []
+    for span, call in calls:
+        report.calls_total += 1
+        agent = call.agent_name or span.attributes.get(semconv.ATTR_AGENT_NAME)
+        if pattern is not None and (agent is None or not pattern.search(str(agent))):
+            report.calls_not_matched += 1
+        elif call.token_ids_missing or call.prompt_token_ids is None or call.response_token_ids is None:
+            report.calls_missing_ids += 1
+        else:
+            kept.append((span, call))
+    report.calls_trained += len(kept)
+    return kept
+
+
+def _call_returns(
+    calls: list[tuple[Span, ModelCall]],
+    spans: Sequence[Span],
+    final_reward: float,
+    reward_mode: str,
+    discount: float,
+) -> list[float]:
+    if reward_mode == "final":
+        return [final_reward] * len(calls)
+    # Rewards emitted after call i (and before call i+1) belong to call i; the first call also
+    # takes any emitted before it.
+    positions = [span.sequence_id or 0 for span, _ in calls]
+    immediate = [0.0] * len(calls)
+    for reward_span in _reward_spans(spans):
+        index = max(0, sum(1 for p in positions if p < (reward_span.sequence_id or 0)) - 1)
+        immediate[index] += float(reward_span.attributes[semconv.ATTR_REWARD_VALUE])
+    returns = [0.0] * len(calls)
+    running = 0.0
+    for index in range(len(calls) - 1, -1, -1):
+        running = immediate[index] + discount * running
+        returns[index] = running
+    return returns
+
+
+def _merge(
+    calls: list[tuple[Span, ModelCall]], returns: list[float], report: DriftReport
+) -> list[TrajectoryRow]:
+    rows: list[TrajectoryRow] = []
+    row: TrajectoryRow | None = None
+    for index, (_, call) in enumerate(calls):
+        prompt = call.prompt_token_ids or []
+        response = call.response_token_ids or []
+        logprobs = call.response_logprobs or [0.0] * len(response)
+        if row is not None and prompt[: len(row.token_ids)] == row.token_ids:
+            context = prompt[len(row.token_ids) :]
+        else:
+            if row is not None:
+                report.merge_breaks += 1
+            row = TrajectoryRow()
+            rows.append(row)
+            context = prompt
+        row.token_ids += context + response
+        row.loss_mask += [0] * len(context) + [1] * len(response)
+        row.sampled_logprobs += [0.0] * len(context) + list(logprobs)
+        row.returns += [returns[index]] * (len(context) + len(response))
+        row.calls.append(index)
+    return rows
+
+
+def _fit(rows: list[TrajectoryRow], max_tokens: int | None, report: DriftReport) -> list[TrajectoryRow]:
+    kept = []
+    for row in rows:
+        if max_tokens is not None and len(row.token_ids) > max_tokens:
+            report.truncated_rows += 1
+            row.token_ids = row.token_ids[:max_tokens]
+            row.loss_mask = row.loss_mask[:max_tokens]
+            row.sampled_logprobs = row.sampled_logprobs[:max_tokens]
+            row.returns = row.returns[:max_tokens]
+        if row.trained_tokens == 0:
+            report.dropped_rows += 1
+        else:
+            kept.append(row)
+    return kept
+
+
+def verify_rows(rows: Sequence[TrajectoryRow], calls: Sequence[ModelCall]) -> int:
+    """Count positions where a row disagrees with what the engine saw and returned.
+
+    For every call a row claims to hold, the row must start with the call's prompt ids, and the
+    call's response ids must follow them under mask 1. Returns 0 when the rows are exactly the
+    engine's tokens (truncated rows are checked up to their end).
+    """
+    mismatches = 0
+    for row in rows:
+        length = len(row.token_ids)
+        for index in row.calls:
+            prompt = calls[index].prompt_token_ids or []
+            response = calls[index].response_token_ids or []
+            seen = min(len(prompt), length)
+            mismatches += sum(1 for a, e in zip(row.token_ids[:seen], prompt[:seen], strict=True) if a != e)
+            end = min(len(prompt) + len(response), length)
+            for position in range(len(prompt), end):
+                expected = response[position - len(prompt)]
+                if row.token_ids[position] != expected or row.loss_mask[position] != 1:
+                    mismatches += 1
+    return mismatches

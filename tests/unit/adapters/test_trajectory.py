@@ -1,0 +1,145 @@
+"""Spans -> trajectories: prefix merges, forced new rows, missing ids, rewards, agent selection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fulgor import semconv
+from fulgor.adapters import DriftReport, TrajectoryRow, build_trajectory, verify_rows
+from fulgor.types import ModelCall, Rollout, Span
+
+ROLLOUT = Rollout(rollout_id="ro-1", input={}, group_id="g", enqueue_time=0.0, resources_id="resources-3")
+
+
+class Spans:
+    """Builds a rollout's spans in store order."""
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+
+    def _add(self, name: str, attributes: dict[str, Any]) -> None:
+        n = len(self.spans) + 1
+        self.spans.append(
+            Span(
+                rollout_id="ro-1",
+                attempt_id="at-1",
+                sequence_id=n,
+                trace_id="t",
+                span_id=f"s{n}",
+                name=name,
+                start_time=float(n),
+                attributes=attributes,
+            )
+        )
+
+    def call(self, prompt: list[int] | None, response: list[int] | None, agent: str | None = None) -> Spans:
+        record = ModelCall(
+            request={},
+            prompt_token_ids=prompt,
+            response_token_ids=response,
+            response_logprobs=None if response is None else [-0.1 * (i + 1) for i in range(len(response))],
+            token_ids_missing=prompt is None,
+            agent_name=agent,
+            model_version="v1",
+        )
+        self._add(semconv.SPAN_MODEL_CALL, {semconv.ATTR_MODEL_CALL: record.model_dump(mode="json")})
+        return self
+
+    def reward(self, value: float) -> Spans:
+        self._add(semconv.SPAN_REWARD, {semconv.ATTR_REWARD_VALUE: value})
+        return self
+
+
+def test_prefix_continuation_merges_with_tool_tokens_masked() -> None:
+    # turn 1: prompt [1,2,3] -> [4,5]; the tool result [6,7] is appended; turn 2 -> [8]
+    spans = Spans().call([1, 2, 3], [4, 5]).call([1, 2, 3, 4, 5, 6, 7], [8]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans)
+    assert trajectory is not None
+    [row] = trajectory.rows
+    assert row.token_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert row.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert row.sampled_logprobs == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, -0.1])
+    assert row.calls == [0, 1]
+    assert trajectory.reward == 1.0
+    assert trajectory.group_id == "g"
+    assert report == DriftReport(calls_total=2, calls_trained=2)
+
+
+def test_template_that_drops_earlier_reasoning_forces_a_new_row() -> None:
+    # The second prompt re-renders turn 1 without its reasoning tokens [4]: not a prefix continuation.
+    spans = Spans().call([1, 2], [4, 5]).call([1, 2, 5, 6], [7]).reward(0.5).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans)
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[1, 2, 4, 5], [1, 2, 5, 6, 7]]
+    assert [row.loss_mask for row in trajectory.rows] == [[0, 0, 1, 1], [0, 0, 0, 0, 1]]
+    assert report.merge_breaks == 1
+    assert report.id_mismatches == 0
+
+
+def test_calls_without_ids_are_counted_and_never_trained() -> None:
+    spans = Spans().call(None, None).call([1], [2]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans)
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[1, 2]]
+    assert report.calls_missing_ids == 1
+    assert report.calls_trained == 1
+    only_missing, report = build_trajectory(ROLLOUT, Spans().call(None, None).reward(1.0).spans)
+    assert only_missing is None
+    assert report.rollouts_without_calls == 1
+
+
+def test_truncation_and_dropped_rows_are_reported() -> None:
+    spans = Spans().call([1, 2, 3], [4, 5, 6]).call([9, 9, 9, 9, 9], [7]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
+    assert trajectory is not None
+    # Row 1 keeps [1,2,3,4]; row 2 ([9]*5 + [7]) keeps only context after truncation, so it is dropped.
+    assert [row.token_ids for row in trajectory.rows] == [[1, 2, 3, 4]]
+    assert report.truncated_rows == 2
+    assert report.dropped_rows == 1
+    assert report.id_mismatches == 0
+
+
+def test_agent_match_trains_only_the_chosen_agents() -> None:
+    spans = Spans().call([1], [2], agent="planner").call([3], [4], agent="coder").reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans, agent_match="^coder$")
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[3, 4]]
+    assert report.calls_not_matched == 1
+
+
+def test_final_reward_is_the_last_reward_and_per_call_returns_are_discounted() -> None:
+    spans = Spans().call([1], [2]).reward(0.5).call([1, 2, 3], [4]).reward(1.0).spans
+    final, _ = build_trajectory(ROLLOUT, spans)
+    assert final is not None
+    assert final.reward == 1.0
+    assert set(final.rows[0].returns) == {1.0}
+    per_call, _ = build_trajectory(ROLLOUT, spans, reward_mode="per_call", discount=0.5)
+    assert per_call is not None
+    [row] = per_call.rows
+    # call 0 return = 0.5 + 0.5 * 1.0 = 1.0; call 1 return = 1.0 (hand-computed)
+    assert row.returns == [1.0, 1.0, 1.0, 1.0]
+    per_call, _ = build_trajectory(ROLLOUT, spans, reward_mode="per_call", discount=0.0)
+    assert per_call is not None
+    assert per_call.rows[0].returns == [0.5, 0.5, 1.0, 1.0]
+
+
+def test_an_explicit_reward_overrides_and_no_reward_means_no_trajectory() -> None:
+    spans = Spans().call([1], [2]).spans
+    assert build_trajectory(ROLLOUT, spans)[0] is None
+    trajectory, _ = build_trajectory(ROLLOUT, spans, reward=0.25)
+    assert trajectory is not None
+    assert trajectory.reward == 0.25
+
+
+def test_verify_rows_catches_a_token_that_is_not_the_engines() -> None:
+    call = ModelCall(request={}, prompt_token_ids=[1, 2], response_token_ids=[3, 4])
+    good = TrajectoryRow(token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], calls=[0])
+    assert verify_rows([good], [call]) == 0
+    retokenised = TrajectoryRow(token_ids=[1, 2, 3, 5], loss_mask=[0, 0, 1, 1], calls=[0])
+    assert verify_rows([retokenised], [call]) == 1
+    unmasked = TrajectoryRow(token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 0, 1], calls=[0])
+    assert verify_rows([unmasked], [call]) == 1
+    wrong_context = TrajectoryRow(token_ids=[9, 2, 3, 4], loss_mask=[0, 0, 1, 1], calls=[0])
+    assert verify_rows([wrong_context], [call]) == 1
