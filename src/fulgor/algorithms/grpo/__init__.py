@@ -1,0 +1,1 @@
+"""GRPO family: advantage estimators and losses (``core``); needs ``fulgor[torch]``."""
