@@ -19,8 +19,8 @@ $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 	touch $@
 
 lint: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check src tests $(wildcard benchmarks)
-	$(VENV)/bin/ruff format --check src tests $(wildcard benchmarks)
+	$(VENV)/bin/ruff check src tests $(wildcard benchmarks examples)
+	$(VENV)/bin/ruff format --check src tests $(wildcard benchmarks examples)
 
 typecheck: $(VENV)/.installed-test
 	$(VENV)/bin/mypy

@@ -1,0 +1,1 @@
+"""The calc example: arithmetic word problems solved with a calculator tool."""

@@ -1,0 +1,102 @@
+"""The calc agent, written with the plain ``openai`` SDK: ask, call the calculator, answer.
+
+Nothing in it knows about training: fulgor hands it an ``llm`` resource whose endpoint is the
+rollout's gateway URL, and the reward is the task's own check of the final answer. The same code
+runs against any OpenAI-compatible model.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from typing import Any
+
+from openai import AsyncOpenAI
+
+from examples.calc.reward import reward
+from fulgor import LLM, rollout
+
+__all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate"]
+
+SYSTEM_PROMPT = "Solve the problem. Use the calculator tool for arithmetic, then reply with only the number."
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+MAX_TURNS = 3
+
+_OPERATORS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
+
+
+def calculate(expression: str) -> str:
+    """Evaluate arithmetic safely (no names, calls or attributes); errors come back as text.
+
+    >>> calculate("37*48"), calculate("(2+3)/2"), calculate("__import__('os')")
+    ('1776', '2.5', 'error: only numbers and + - * / ( ) are allowed')
+    """
+    try:
+        value = _evaluate(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as error:
+        return f"error: {error}"
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _evaluate(node: ast.expr) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return float(_OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right)))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return float(_OPERATORS[type(node.op)](_evaluate(node.operand)))
+    raise ValueError("only numbers and + - * / ( ) are allowed")
+
+
+@rollout
+async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
+    """One problem: up to MAX_TURNS model calls; tool calls are answered by the calculator."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
+    final: str | None = None
+    try:
+        for _ in range(MAX_TURNS):
+            response = await client.chat.completions.create(
+                model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], **llm.sampling_parameters
+            )  # type: ignore[call-overload]
+            message = response.choices[0].message
+            if not message.tool_calls:
+                final = message.content
+                break
+            messages.append(message.model_dump(exclude_none=True))
+            for call in message.tool_calls:
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool(call)})
+    finally:
+        await client.close()
+    return reward(final, task["answer"])
+
+
+def _run_tool(call: Any) -> str:
+    if call.function.name != "calculator":
+        return f"error: unknown tool {call.function.name!r}"
+    try:
+        expression = json.loads(call.function.arguments or "{}")["expression"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 'error: call calculator with {"expression": "..."}'
+    return calculate(str(expression))

@@ -1,0 +1,22 @@
+"""Every documented example runs: the doctests of the modules that carry them."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "fulgor.agent.base",
+    "examples.calc.agent",
+    "examples.calc.dataset",
+    "examples.calc.reward",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0
+    assert result.failed == 0
