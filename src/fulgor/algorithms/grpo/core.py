@@ -149,6 +149,7 @@ def policy_loss(
     clip_high: float = 0.2,
     sampling_logprobs: torch.Tensor | None = None,
     importance_cap: float = 2.0,
+    tokens_per_rollout: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped-ratio policy loss, normalised per rollout.
 
@@ -159,7 +160,9 @@ def policy_loss(
     sampling) is given, each token is weighted by the truncated importance ratio
     ``min(exp(old - sampling), importance_cap)``, which corrects for engine/trainer mismatch and for
     samples drawn by older weights. Each rollout's loss is the mean over its sampled tokens (all its
-    rows together); the batch loss is the mean over the ``n_rollouts`` rollouts.
+    rows together); the batch loss is the mean over the ``n_rollouts`` rollouts. When the rows are
+    one micro-batch of a larger batch, pass the whole batch's ``tokens_per_rollout[R]``: the
+    micro-batch losses then add up exactly to the whole batch's loss.
     """
     import torch
 
@@ -171,7 +174,10 @@ def policy_loss(
     if sampling_logprobs is not None:
         weight = torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
     per_token = per_token * weight * mask
-    tokens_per_rollout = torch.zeros(n_rollouts, dtype=mask.dtype).index_add_(0, rollout_index, mask.sum(1))
+    if tokens_per_rollout is None:
+        tokens_per_rollout = torch.zeros(n_rollouts, dtype=mask.dtype).index_add_(
+            0, rollout_index, mask.sum(1)
+        )
     loss_per_rollout = torch.zeros(n_rollouts, dtype=per_token.dtype).index_add_(
         0, rollout_index, per_token.sum(1)
     )

@@ -1,0 +1,47 @@
+"""GRPO hyperparameters, next to the algorithm (one place, typed, validated early)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fulgor.errors import ConfigError
+
+__all__ = ["GRPOConfig"]
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """How the GRPO update behaves.
+
+    ``advantage`` names an estimator in ``fulgor.algorithms.grpo.core.ADVANTAGE_ESTIMATORS``
+    (grpo, grpo_mean, rloo, reinforce_pp). ``clip_low``/``clip_high`` bound the ratio to
+    ``[1 - clip_low, 1 + clip_high]``. ``importance_correction`` weights tokens by the truncated
+    ratio of trainer to engine logprobs (capped at ``importance_cap``). ``kl_coef`` > 0 needs a
+    reference model.
+    """
+
+    learning_rate: float = 3e-5
+    weight_decay: float = 0.0
+    advantage: str = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    importance_correction: bool = True
+    importance_cap: float = 2.0
+    micro_batch_size: int = 16
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        from fulgor.algorithms.grpo.core import advantage_estimator
+
+        advantage_estimator(self.advantage)  # a ConfigError that lists the valid names
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ConfigError(
+                f"clip_low must be in [0, 1) and clip_high >= 0, got {self.clip_low}, {self.clip_high}"
+            )
+        if self.micro_batch_size < 1:
+            raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.importance_cap < 1:
+            raise ConfigError(f"importance_cap must be >= 1, got {self.importance_cap}")
