@@ -27,6 +27,16 @@ from typing import Any, Literal
 
 from fulgor.errors import InvalidTransitionError, NotFoundError, ValidationError
 from fulgor.store import _rules as rules
+from fulgor.store._rows import (
+    ATTEMPT_COLUMNS,
+    ROLLOUT_COLUMNS,
+    WORKER_COLUMNS,
+    attempt_from_row,
+    attempt_row,
+    rollout_from_row,
+    rollout_row,
+    worker_from_row,
+)
 from fulgor.store.base import LATEST
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
@@ -38,7 +48,6 @@ from fulgor.types import (
     Resources,
     ResourcesVersion,
     Rollout,
-    RolloutConfig,
     RolloutMode,
     RolloutRequest,
     RolloutStatus,
@@ -112,14 +121,6 @@ CREATE TABLE IF NOT EXISTS workers (
 );
 """
 
-_ROLLOUT_COLUMNS = (
-    "rollout_id, status, mode, group_id, resources_id, input, config, metadata, "
-    "enqueue_time, start_time, end_time, attempt_count"
-)
-_ATTEMPT_COLUMNS = (
-    "rollout_id, attempt_id, sequence_id, worker_id, status, start_time, end_time, last_active_time, "
-    "error, metadata"
-)
 _LIVE = "status IN ('preparing', 'running')"
 # Live attempts past their timeout or silence deadline; the partial index attempts_live keeps it cheap.
 _OVERDUE = f"{_LIVE} AND (timeout_at <= :now OR last_active_time + silence_seconds <= :now)"
@@ -164,8 +165,8 @@ class SqliteStore:
         with self._write():
             queue_seq = self._next_queue_seq()
             self._conn.executemany(
-                f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}, queue_seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(*_rollout_row(rollout), queue_seq + i) for i, rollout in enumerate(created)],
+                f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}, queue_seq) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(*rollout_row(rollout), queue_seq + i) for i, rollout in enumerate(created)],
             )
         if created:
             self._signal.notify()
@@ -178,8 +179,8 @@ class SqliteStore:
         rollout = rules.rollout_from_request(request, self._clock())
         with self._write():
             self._conn.execute(
-                f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                _rollout_row(rollout),
+                f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                rollout_row(rollout),
             )
             return self._begin(rollout, worker_id)
 
@@ -226,10 +227,10 @@ class SqliteStore:
         direction = "DESC" if order == "desc" else "ASC"
         params.extend([-1 if limit is None else limit, offset])
         rows = self._read(
-            f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY seq {direction} LIMIT ? OFFSET ?",
+            f"SELECT {ROLLOUT_COLUMNS} FROM rollouts {where} ORDER BY seq {direction} LIMIT ? OFFSET ?",
             params,
         )
-        return [_rollout(row) for row in rows]
+        return [rollout_from_row(row) for row in rows]
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         self._sweep()
@@ -288,10 +289,10 @@ class SqliteStore:
         self._sweep()
         self._rollout(rollout_id)
         rows = self._read(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id",
             (rollout_id,),
         )
-        return [_attempt(row) for row in rows]
+        return [attempt_from_row(row) for row in rows]
 
     # -- spans ------------------------------------------------------------------------------------
 
@@ -423,10 +424,8 @@ class SqliteStore:
         return worker
 
     async def list_workers(self) -> list[Worker]:
-        rows = self._read(
-            "SELECT worker_id, first_seen_time, last_heartbeat_time, stats FROM workers ORDER BY seq", ()
-        )
-        return [_worker(row) for row in rows]
+        rows = self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY seq", ())
+        return [worker_from_row(row) for row in rows]
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         if timeout_seconds < 0:
@@ -506,20 +505,20 @@ class SqliteStore:
             return self._conn.execute(sql, params).fetchall()
 
     def _rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        rows = self._read(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
         if not rows:
             raise NotFoundError(f"rollout {rollout_id!r} not found")
-        return _rollout(rows[0])
+        return rollout_from_row(rows[0])
 
     def _attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         rows = self._read(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
             (attempt_id, rollout_id),
         )
         if not rows:
             self._rollout(rollout_id)
             raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-        return _attempt(rows[0])
+        return attempt_from_row(rows[0])
 
     def _next_queue_seq(self) -> int:
         (value,) = self._conn.execute("SELECT COALESCE(MAX(queue_seq), 0) + 1 FROM rollouts").fetchone()
@@ -534,11 +533,11 @@ class SqliteStore:
                 return []
             with self._write():
                 rows = self._conn.execute(
-                    f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE queue_seq IS NOT NULL "
+                    f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE queue_seq IS NOT NULL "
                     "ORDER BY queue_seq LIMIT ?",
                     (limit,),
                 ).fetchall()
-                claimed = [self._begin(_rollout(row), worker_id) for row in rows]
+                claimed = [self._begin(rollout_from_row(row), worker_id) for row in rows]
                 if claimed:
                     self._see_worker(worker_id, self._clock(), None)
                 return claimed
@@ -564,9 +563,9 @@ class SqliteStore:
             ),
         )
         self._conn.execute(
-            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}, timeout_at, silence_seconds) "
+            f"INSERT INTO attempts ({ATTEMPT_COLUMNS}, timeout_at, silence_seconds) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*_attempt_row(attempt), timeout_at, rollout.config.unresponsive_seconds),
+            (*attempt_row(attempt), timeout_at, rollout.config.unresponsive_seconds),
         )
         return AttemptedRollout.model_construct(**dict(rollout), attempt=attempt)
 
@@ -599,21 +598,21 @@ class SqliteStore:
 
     def _attempt_with_span_count(self, rollout_id: str, attempt_id: str) -> tuple[Attempt, int]:
         row = self._conn.execute(
-            f"SELECT {_ATTEMPT_COLUMNS}, span_count FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            f"SELECT {ATTEMPT_COLUMNS}, span_count FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
             (attempt_id, rollout_id),
         ).fetchone()
         if row is None:
             self._rollout(rollout_id)
             raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-        return _attempt(row[:-1]), int(row[-1])
+        return attempt_from_row(row[:-1]), int(row[-1])
 
     def _cancel_one(self, rollout: Rollout, now: float) -> Rollout:
         rows = self._conn.execute(
-            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? AND {_LIVE}",
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? AND {_LIVE}",
             (rollout.rollout_id,),
         ).fetchall()
         for row in rows:
-            ended = rules.move_attempt(_attempt(row), "failed", now, "cancelled")
+            ended = rules.move_attempt(attempt_from_row(row), "failed", now, "cancelled")
             self._conn.execute(
                 "UPDATE attempts SET status = ?, end_time = ?, error = ? WHERE attempt_id = ?",
                 (ended.status, ended.end_time, ended.error, ended.attempt_id),
@@ -635,10 +634,10 @@ class SqliteStore:
             (worker_id, now, now, json.dumps(stats or {}), stats is not None),
         )
         row = self._conn.execute(
-            "SELECT worker_id, first_seen_time, last_heartbeat_time, stats FROM workers WHERE worker_id = ?",
+            f"SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = ?",
             (worker_id,),
         ).fetchone()
-        return _worker(row)
+        return worker_from_row(row)
 
     def _sweep(self) -> None:
         """Apply the watchdog: end live attempts whose deadline has passed."""
@@ -652,10 +651,10 @@ class SqliteStore:
             changed = False
             with self._write():
                 rows = self._conn.execute(
-                    f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE {_OVERDUE}", {"now": now}
+                    f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {_OVERDUE}", {"now": now}
                 ).fetchall()
                 for row in rows:
-                    attempt = _attempt(row)
+                    attempt = attempt_from_row(row)
                     verdict = rules.overdue(attempt, self._rollout(attempt.rollout_id).config, now)
                     if verdict is not None:
                         status, when = verdict
@@ -673,73 +672,3 @@ class SqliteStore:
         )
         deadline = rows[0][0] if rows else None
         return None if deadline is None or deadline >= 1e308 else float(deadline) - self._clock()
-
-
-def _rollout_row(rollout: Rollout) -> tuple[Any, ...]:
-    return (
-        rollout.rollout_id,
-        rollout.status,
-        rollout.mode,
-        rollout.group_id,
-        rollout.resources_id,
-        json.dumps(rollout.input),
-        rollout.config.model_dump_json(),
-        json.dumps(rollout.metadata),
-        rollout.enqueue_time,
-        rollout.start_time,
-        rollout.end_time,
-        rollout.attempt_count,
-    )
-
-
-def _rollout(row: Sequence[Any]) -> Rollout:
-    return Rollout(
-        rollout_id=row[0],
-        status=row[1],
-        mode=row[2],
-        group_id=row[3],
-        resources_id=row[4],
-        input=json.loads(row[5]),
-        config=RolloutConfig.model_validate_json(row[6]),
-        metadata=json.loads(row[7]),
-        enqueue_time=row[8],
-        start_time=row[9],
-        end_time=row[10],
-        attempt_count=row[11],
-    )
-
-
-def _attempt_row(attempt: Attempt) -> tuple[Any, ...]:
-    return (
-        attempt.rollout_id,
-        attempt.attempt_id,
-        attempt.sequence_id,
-        attempt.worker_id,
-        attempt.status,
-        attempt.start_time,
-        attempt.end_time,
-        attempt.last_active_time,
-        attempt.error,
-        json.dumps(attempt.metadata),
-    )
-
-
-def _attempt(row: Sequence[Any]) -> Attempt:
-    return Attempt(
-        rollout_id=row[0],
-        attempt_id=row[1],
-        sequence_id=row[2],
-        worker_id=row[3],
-        status=row[4],
-        start_time=row[5],
-        end_time=row[6],
-        last_active_time=row[7],
-        error=row[8],
-        metadata=json.loads(row[9]),
-    )
-
-
-def _worker(row: Sequence[Any]) -> Worker:
-    return Worker(
-        worker_id=row[0], first_seen_time=row[1], last_heartbeat_time=row[2], stats=json.loads(row[3])
-    )
