@@ -1,0 +1,141 @@
+"""``fulgor engine``: serve a local model over the OpenAI API, on fulgor's engine or on vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+logger = logging.getLogger(__name__)
+
+ADMIN_TOKEN_ENV = "FULGOR_ENGINE_ADMIN_TOKEN"
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.admin_token_file:
+        token = Path(args.admin_token_file).read_text().strip()
+        if not token:
+            raise ValueError(f"the admin token file {args.admin_token_file} is empty")
+        return token
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
+
+
+def _stop_on_sigterm() -> None:
+    def handle(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handle)
+
+
+def _serve_local(args: argparse.Namespace, admin_token: str | None) -> int:
+    import torch
+
+    from fulgor.engine.local import EngineConfig, LocalEngine
+    from fulgor.engine.server import create_app
+    from fulgor.engine.serving import ServerThread, bind_socket
+
+    sock = bind_socket(args.host, args.port)  # fail on a taken port before loading the model
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        model=Path(args.model),
+        served_model_name=args.served_model_name,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_batch_size=args.max_batch_size,
+        seed=args.seed,
+        model_version=args.model_version,
+        admin_token=admin_token,
+    )
+    try:
+        engine = LocalEngine.from_config(config)
+    except BaseException:
+        sock.close()
+        raise
+    server = ServerThread(create_app(engine), args.host, sock=sock)
+    _run_until_stopped(server.start(), server.wait, server.stop)
+    return 0
+
+
+def _serve_vllm(args: argparse.Namespace) -> int:
+    from fulgor.engine.vllm import VLLMConfig, VLLMServer
+
+    config = VLLMConfig(
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        extra_args=tuple(args.vllm_arg),
+    )
+    server = VLLMServer(config)
+    _run_until_stopped(server.start(), server.wait, server.stop)
+    return 0
+
+
+def _run_until_stopped(url: str, wait: Any, stop: Any) -> None:
+    _stop_on_sigterm()
+    print(url, flush=True)
+    try:
+        wait()
+    except KeyboardInterrupt:
+        logger.info("stopping")
+    finally:
+        stop()
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from fulgor.engine.errors import EngineError
+
+    try:
+        admin_token = _admin_token(args)
+        if args.backend == "vllm":
+            return _serve_vllm(args)
+        return _serve_local(args, admin_token)
+    except (EngineError, ValueError, OSError) as exc:
+        print(f"fulgor engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "engine",
+        help="serve a model over the OpenAI API with token ids and logprobs",
+        description="Serve a Hugging Face model directory at /v1/chat/completions, /v1/completions and "
+        "/v1/models. Prints http://HOST:PORT once it serves.",
+    )
+    parser.add_argument(
+        "--model", required=True, help="Hugging Face model directory (or a LoRA adapter directory)"
+    )
+    parser.add_argument(
+        "--backend", choices=("local", "vllm"), default="local", help="fulgor's engine or vLLM"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--served-model-name", help="model name clients send (default: the directory name)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, ..."
+    )
+    parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument("--seed", type=int, help="seed for requests that bring none")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--model-version", type=int, default=0, help="version number of the initial weights")
+    parser.add_argument(
+        "--admin-token-file",
+        help=f"file holding the token for POST /admin/weights (or set {ADMIN_TOKEN_ENV}); without one, "
+        "weight swaps are disabled",
+    )
+    parser.add_argument(
+        "--vllm-arg", action="append", default=[], help="extra argument for `vllm serve` (repeatable)"
+    )
+    parser.set_defaults(handler=_engine)

@@ -1,0 +1,46 @@
+"""Inference engines: fulgor's own transformers engine, and a supervisor for vLLM.
+
+Both return the exact token ids and logprobs they sampled and take new weights without a restart.
+``import fulgor.engine`` stays light: torch, transformers and FastAPI load inside the functions and
+modules that need them (``fulgor.engine.server`` needs the ``server`` extra).
+"""
+
+from __future__ import annotations
+
+from fulgor.engine.errors import (
+    AdminAuthError,
+    AdminDisabledError,
+    ContextLengthError,
+    EngineError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    ModelLoadError,
+    PortInUseError,
+    UnknownModelError,
+    VLLMError,
+)
+from fulgor.engine.loading import LoadedModel, load_model
+from fulgor.engine.local import EngineConfig, LocalEngine, WeightSwap
+from fulgor.engine.models import MODEL_SIZES, init_model
+from fulgor.engine.sampling import SamplingParams
+
+__all__ = [
+    "MODEL_SIZES",
+    "AdminAuthError",
+    "AdminDisabledError",
+    "ContextLengthError",
+    "EngineConfig",
+    "EngineError",
+    "EngineUnavailableError",
+    "InvalidRequestError",
+    "LoadedModel",
+    "LocalEngine",
+    "ModelLoadError",
+    "PortInUseError",
+    "SamplingParams",
+    "UnknownModelError",
+    "VLLMError",
+    "WeightSwap",
+    "init_model",
+    "load_model",
+]

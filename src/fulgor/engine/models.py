@@ -1,0 +1,322 @@
+"""Small causal language models and tokenizers built on this machine, saved in Hugging Face format.
+
+Model hubs are often out of reach (air-gapped clusters, CI, laptops on a train), yet the engine,
+the gateway and the trainers need a real model to run end to end. ``init_model`` trains a byte-level
+BPE tokenizer with the ``tokenizers`` package on a synthetic corpus, builds a randomly initialised
+Llama or Qwen2 model through ``transformers`` and saves both with a chat template that supports
+tools. The result is an ordinary Hugging Face directory: the engine loads it through the same code
+as downloaded weights (:mod:`fulgor.engine.loading`).
+
+This module knows nothing about serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fulgor.engine.errors import ModelLoadError
+from fulgor.engine.loading import require_torch, require_transformers
+from fulgor.engine.template import CHAT_TEMPLATE, END_OF_TEXT, IM_END, SPECIAL_TOKENS, TEXT_MARKERS
+
+__all__ = ["MODEL_SIZES", "Architecture", "ModelSize", "ModelSpec", "init_model", "train_tokenizer"]
+
+logger = logging.getLogger(__name__)
+
+ModelSize = Literal["tiny", "small"]
+Architecture = Literal["llama", "qwen2"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a locally built model."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+
+
+MODEL_SIZES: dict[str, ModelSpec] = {
+    # About 1M parameters: fast enough for tests and the CPU demo.
+    "tiny": ModelSpec(2048, 128, 512, 4, 4, 2, 2048),
+    # About 7M parameters: still trains on a laptop CPU, shows learning curves more clearly.
+    "small": ModelSpec(4096, 256, 1024, 6, 8, 4, 4096),
+}
+
+_WORDS = [
+    "the",
+    "a",
+    "an",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "zero",
+    "number",
+    "sum",
+    "total",
+    "result",
+    "answer",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "plus",
+    "minus",
+    "times",
+    "over",
+    "equals",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "has",
+    "have",
+    "had",
+    "what",
+    "which",
+    "who",
+    "where",
+    "when",
+    "why",
+    "how",
+    "please",
+    "compute",
+    "calculate",
+    "find",
+    "give",
+    "tell",
+    "show",
+    "me",
+    "you",
+    "we",
+    "they",
+    "it",
+    "this",
+    "that",
+    "these",
+    "those",
+    "and",
+    "or",
+    "not",
+    "no",
+    "yes",
+    "if",
+    "then",
+    "else",
+    "for",
+    "with",
+    "without",
+    "of",
+    "to",
+    "in",
+    "on",
+    "at",
+    "by",
+    "from",
+    "question",
+    "problem",
+    "step",
+    "first",
+    "second",
+    "next",
+    "last",
+    "final",
+    "so",
+    "because",
+    "therefore",
+    "use",
+    "call",
+    "tool",
+    "function",
+    "query",
+    "table",
+    "row",
+    "column",
+    "value",
+    "name",
+    "id",
+    "user",
+    "assistant",
+    "system",
+    "search",
+    "read",
+    "write",
+    "open",
+    "file",
+    "text",
+    "city",
+    "country",
+    "river",
+    "book",
+    "store",
+    "apple",
+    "orange",
+    "price",
+    "cost",
+    "each",
+    "more",
+    "less",
+    "than",
+    "many",
+    "much",
+    "few",
+    "all",
+    "hello",
+    "thanks",
+    "sure",
+    "here",
+    "let",
+    "think",
+    "check",
+    "again",
+    "done",
+    "error",
+    "ok",
+    "true",
+    "false",
+    "null",
+    "list",
+    "item",
+    "order",
+]
+
+_TOOL_NAMES = ("calculator", "add", "multiply", "search", "lookup", "get_weather", "run_sql", "read_file")
+
+
+def _sentence(rng: random.Random) -> str:
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
+    text = " ".join(words)
+    return text[0].upper() + text[1:] + rng.choice((".", "?", "!", "."))
+
+
+def _arithmetic(rng: random.Random) -> str:
+    a, b = rng.randint(0, 999), rng.randint(0, 999)
+    op, value = rng.choice((("+", a + b), ("-", a - b), ("*", a * b)))
+    return f"What is {a} {op} {b}? The answer is {value}."
+
+
+def _tool_call(rng: random.Random) -> str:
+    name = rng.choice(_TOOL_NAMES)
+    arguments = {rng.choice(("a", "b", "x", "expression", "query", "city")): rng.randint(0, 99)}
+    call = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{call}\n</tool_call>\n<tool_response>\n{rng.randint(0, 9999)}\n</tool_response>"
+
+
+def _chat(rng: random.Random) -> str:
+    return (
+        f"<|im_start|>user\n{_sentence(rng)}<|im_end|>\n"
+        f"<|im_start|>assistant\n{_sentence(rng)}<|im_end|>\n<|endoftext|>"
+    )
+
+
+def corpus_lines(count: int, seed: int = 0) -> Iterator[str]:
+    """Deterministic synthetic text: sentences, arithmetic, JSON tool calls and chat turns."""
+    rng = random.Random(seed)
+    makers = (_sentence, _arithmetic, _tool_call, _chat)
+    for maker in itertools.islice(itertools.cycle(makers), count):
+        yield maker(rng)
+
+
+def train_tokenizer(vocab_size: int, seed: int = 0) -> Any:
+    """Train a byte-level BPE ``tokenizers.Tokenizer`` with fulgor's special tokens and tool markers."""
+    require_torch()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TEXT_MARKERS),
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus_lines(20_000, seed), trainer=trainer)
+    tokenizer.add_tokens(list(TEXT_MARKERS))
+    return tokenizer
+
+
+def _fast_tokenizer(spec: ModelSpec, seed: int) -> Any:
+    transformers = require_transformers()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(spec.vocab_size, seed),
+        eos_token=IM_END,
+        pad_token=END_OF_TEXT,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=spec.max_position_embeddings,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _model_config(spec: ModelSpec, arch: Architecture, tokenizer: Any) -> Any:
+    from transformers import LlamaConfig, Qwen2Config
+
+    config_class = LlamaConfig if arch == "llama" else Qwen2Config
+    eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
+    return config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_ids,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def init_model(
+    out_dir: str | Path, size: ModelSize = "tiny", *, arch: Architecture = "llama", seed: int = 0
+) -> Path:
+    """Build a randomly initialised causal LM and its tokenizer in ``out_dir`` (Hugging Face format).
+
+    ``size`` picks a shape from :data:`MODEL_SIZES`; ``arch`` picks the transformers architecture.
+    The same ``seed`` gives the same tokenizer and the same weights. Returns the directory.
+    """
+    if size not in MODEL_SIZES:
+        raise ModelLoadError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
+    if arch not in ("llama", "qwen2"):
+        raise ModelLoadError(f"unknown architecture {arch!r}; choose 'llama' or 'qwen2'")
+    torch = require_torch()
+    transformers = require_transformers()
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        raise ModelLoadError(f"{out} already holds a model; pick an empty --out directory")
+    spec = MODEL_SIZES[size]
+    tokenizer = _fast_tokenizer(spec, seed)
+    config = _model_config(spec, arch, tokenizer)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.generation_config = transformers.GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    logger.info("built a %s %s model with %d parameters in %s", size, arch, params, out)
+    return out

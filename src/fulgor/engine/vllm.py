@@ -1,0 +1,317 @@
+"""Launching and supervising ``vllm serve`` as fulgor's engine on GPUs.
+
+``VLLMServer`` starts vLLM with the flags training needs (logprobs, token ids, Hermes tool calls,
+request-controlled sampling), waits until ``/health`` answers, restarts the process when it exits or
+stops answering, and reloads weights: a LoRA adapter through vLLM's runtime adapter loading (no
+restart; clients then use the adapter's model name), full weights by restarting vLLM on the new
+checkpoint. Each reload makes ``model_version`` N+1.
+
+Clients ask for token ids per request with ``"return_token_ids": true`` (vLLM >= 0.10.2); the
+``--return-tokens-as-token-ids`` flag also writes every logprob token as ``token_id:N``, so ids can be
+recovered from older servers too. vLLM itself is never imported here; it only has to be on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fulgor.engine.errors import VLLMError
+from fulgor.engine.serving import bind_socket
+
+__all__ = ["VLLMConfig", "VLLMServer", "build_command"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """How to launch and supervise ``vllm serve``."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    seed: int | None = None
+    max_logprobs: int = 20
+    enable_lora: bool = False
+    max_lora_rank: int = 64
+    gpu_memory_utilization: float | None = None
+    extra_args: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)
+    command: tuple[str, ...] = ("vllm", "serve")
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    startup_timeout_seconds: float = 900.0
+    health_interval_seconds: float = 5.0
+    unhealthy_checks_before_restart: int = 3
+    max_restarts: int = 5
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
+    """The ``vllm serve`` command line for ``model`` on ``port``."""
+    command = [*config.command, model, "--host", config.host, "--port", str(port)]
+    command += ["--served-model-name", config.model_name]
+    command += ["--max-logprobs", str(config.max_logprobs), "--return-tokens-as-token-ids"]
+    # Sampling follows the request alone, not defaults from the model's generation_config.json.
+    command += ["--generation-config", "vllm"]
+    command += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if config.max_model_len is not None:
+        command += ["--max-model-len", str(config.max_model_len)]
+    if config.seed is not None:
+        command += ["--seed", str(config.seed)]
+    if config.enable_lora:
+        command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+    if config.gpu_memory_utilization is not None:
+        command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.api_key:
+        command += ["--api-key", config.api_key]
+    return command + list(config.extra_args)
+
+
+def _environment(config: VLLMConfig) -> dict[str, str]:
+    env = {**os.environ, **config.env}
+    if config.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
+
+
+def _free_port(host: str) -> int:
+    sock = bind_socket(host, 0)
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
+class VLLMServer:
+    """One supervised vLLM process: start, health checks, restart on crash, weight reloads, stop."""
+
+    def __init__(self, config: VLLMConfig) -> None:
+        self.config = config
+        self.port = config.port or _free_port(config.host)
+        self.model_version = 0
+        self.restarts = 0
+        self._model = config.model
+        self._served_name = config.model_name
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._lock = threading.RLock()
+        self._monitor: threading.Thread | None = None
+        self._failure: str | None = None
+        self._log_path = config.log_path or Path(tempfile.mkdtemp(prefix="fulgor-vllm-")) / "vllm.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def model_name(self) -> str:
+        """The model name clients send; a LoRA reload changes it to the adapter's name."""
+        return self._served_name
+
+    @property
+    def failure(self) -> str | None:
+        """Why supervision gave up, once it has."""
+        return self._failure
+
+    def start(self) -> str:
+        """Launch vLLM and wait until it is healthy; returns its base URL."""
+        with self._lock:
+            self._launch()
+            self._wait_healthy()
+        self._monitor = threading.Thread(target=self._supervise, name="fulgor-vllm-supervisor", daemon=True)
+        self._monitor.start()
+        return self.url
+
+    def _launch(self) -> None:
+        command = build_command(self.config, self._model, self.port)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
+        with self._log_path.open("ab") as log:
+            try:
+                self._process = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=_environment(self.config),
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise VLLMError(
+                    f"cannot run {command[0]!r}: install vLLM (pip install 'fulgor[vllm]') on this machine"
+                ) from exc
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def healthy(self) -> bool:
+        """True when vLLM answers ``GET /health`` with 200."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_seconds
+        process = self._process
+        assert process is not None
+        # vLLM offers no readiness signal other than its health endpoint.
+        while not self.healthy():
+            if process.poll() is not None:
+                raise VLLMError(
+                    f"vLLM exited with code {process.returncode} while starting:\n{self._log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self._terminate()
+                limit = self.config.startup_timeout_seconds
+                raise VLLMError(f"vLLM was not healthy after {limit:.0f} s:\n{self._log_tail()}")
+            time.sleep(0.5)
+        logger.info("vLLM serves %s at %s", self._model, self.url)
+
+    def _supervise(self) -> None:
+        failed_checks = 0
+        while not self._stopping.is_set():
+            process = self._process
+            assert process is not None
+            try:
+                code: int | None = process.wait(timeout=self.config.health_interval_seconds)
+            except subprocess.TimeoutExpired:
+                failed_checks = 0 if self.healthy() else failed_checks + 1
+                if failed_checks < self.config.unhealthy_checks_before_restart:
+                    continue
+                logger.warning("vLLM failed %d health checks in a row; restarting it", failed_checks)
+                with self._lock:
+                    if self._process is process:
+                        self._terminate()
+                code = None
+            failed_checks = 0
+            if not self._restart_after_exit(process, code):
+                break
+        self._stopped.set()
+
+    def _restart_after_exit(self, process: subprocess.Popen[bytes], code: int | None) -> bool:
+        """Relaunch after ``process`` ended; False when supervision should end."""
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            if self._process is not process:
+                return True  # a full-weights reload replaced it on purpose
+            if self.restarts >= self.config.max_restarts:
+                self._failure = (
+                    f"vLLM stopped (exit code {code}) and was restarted {self.restarts} times already"
+                )
+                logger.error("%s; giving up:\n%s", self._failure, self._log_tail())
+                return False
+            self.restarts += 1
+            logger.warning("vLLM exited with code %s; restart %d", code, self.restarts)
+            try:
+                self._launch()
+                self._wait_healthy()
+            except VLLMError as exc:
+                logger.error("restarting vLLM failed: %s", exc.message)
+            return True
+
+    def _post(self, path: str, payload: dict[str, object]) -> None:
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", **self._auth_header()},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=600):
+                return
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise VLLMError(f"vLLM refused {path} ({exc.code}): {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise VLLMError(f"cannot reach vLLM at {self.url}{path}: {exc}") from exc
+
+    def _auth_header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+
+    def reload_weights(self, path: str | Path) -> int:
+        """Serve the checkpoint at ``path`` as version N+1; returns the new version.
+
+        A LoRA adapter (a directory with ``adapter_config.json``) loads at runtime and clients use
+        :attr:`model_name` afterwards; full weights restart vLLM on the new checkpoint, so pause
+        traffic first (the gateway drains before it reloads).
+        """
+        source = Path(path)
+        with self._lock:
+            if (source / "adapter_config.json").is_file():
+                self._load_adapter(source)
+            elif (source / "config.json").is_file():
+                self._restart_on(str(source))
+            else:
+                raise VLLMError(f"no checkpoint at {source}: expected config.json or adapter_config.json")
+            self.model_version += 1
+            logger.info("vLLM now serves version %d from %s", self.model_version, source)
+            return self.model_version
+
+    def _load_adapter(self, source: Path) -> None:
+        if not self.config.enable_lora:
+            raise VLLMError("LoRA reloads need VLLMConfig(enable_lora=True)")
+        name = f"{self.config.model_name}-v{self.model_version + 1}"
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(source)})
+        self._served_name = name
+
+    def _restart_on(self, model: str) -> None:
+        self._terminate()
+        self._model = model
+        self._served_name = self.config.model_name
+        self._launch()
+        self._wait_healthy()
+
+    def _terminate(self, timeout_seconds: float = 30.0) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def wait(self) -> None:
+        """Block until supervision ends (``stop()`` or too many restarts)."""
+        while not self._stopped.wait(timeout=0.5):
+            pass
+
+    def stop(self) -> None:
+        """Stop vLLM and its supervision."""
+        self._stopping.set()
+        with self._lock:
+            self._terminate()
+        if self._monitor is not None:
+            self._monitor.join()
+        self._stopped.set()
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,310 @@
+"""The local engine over real HTTP on loopback, driven by the official OpenAI SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+import torch  # noqa: E402
+
+from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
+from fulgor.engine.models import init_model  # noqa: E402
+from fulgor.engine.server import create_app  # noqa: E402
+from fulgor.engine.serving import ServerThread  # noqa: E402
+
+MODEL = "tiny"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: test processes share the machine, and oversubscribed torch threads thrash."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> LocalEngine:
+    model_dir = init_model(tmp_path_factory.mktemp("engine-api") / MODEL, "tiny", seed=0)
+    return LocalEngine.from_config(EngineConfig(model=model_dir, device="cpu", max_model_len=512, seed=0))
+
+
+@pytest.fixture(scope="module")
+def url(engine: LocalEngine) -> Iterator[str]:
+    with ServerThread(create_app(engine)) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> Any:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def _recomputed(engine: LocalEngine, prompt: list[int], output: list[int]) -> Any:
+    with torch.no_grad():
+        logits = engine.model.model(torch.tensor([prompt + output])).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+def test_models_lists_the_served_model(client: Any) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] == 512
+    assert models[0].model_extra["model_version"] == 0
+
+
+def test_chat_returns_token_ids_and_logprobs_that_match_a_forward_pass(
+    client: Any, engine: LocalEngine
+) -> None:
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 2 + 3?"}],
+        max_tokens=12,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"return_token_ids": True},
+    )
+    extra = response.model_extra
+    choice = response.choices[0]
+    prompt_ids, token_ids = extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    assert extra["model_version"] == 0
+    assert engine.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+    assert len(token_ids) == response.usage.completion_tokens == len(choice.logprobs.content)
+    assert response.usage.prompt_tokens == len(prompt_ids)
+    returned = torch.tensor([entry.logprob for entry in choice.logprobs.content])
+    assert torch.max(torch.abs(returned - _recomputed(engine, prompt_ids, token_ids))).item() <= 1e-4
+    first = choice.logprobs.content[0]
+    assert len(first.top_logprobs) == 3
+    assert first.top_logprobs[0].logprob >= first.logprob - 1e-6
+
+
+def test_completions_take_text_or_token_ids(client: Any, engine: LocalEngine) -> None:
+    ids = engine.tokenizer.encode("The answer is", add_special_tokens=False)
+    by_text = client.completions.create(
+        model=MODEL,
+        prompt="The answer is",
+        max_tokens=6,
+        temperature=0,
+        logprobs=2,
+        extra_body={"return_token_ids": True},
+    )
+    by_ids = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=6, temperature=0, extra_body={"return_token_ids": True}
+    )
+    first, second = by_text.choices[0], by_ids.choices[0]
+    assert first.model_extra["prompt_token_ids"] == second.model_extra["prompt_token_ids"] == ids
+    assert first.model_extra["token_ids"] == second.model_extra["token_ids"]
+    assert first.text == second.text
+    assert len(first.logprobs.token_logprobs) == len(first.model_extra["token_ids"])
+    returned = torch.tensor(first.logprobs.token_logprobs)
+    assert (
+        torch.max(torch.abs(returned - _recomputed(engine, ids, first.model_extra["token_ids"]))).item()
+        <= 1e-4
+    )
+    assert by_text.model_extra["model_version"] == 0
+
+
+def test_n_and_seed(client: Any) -> None:
+    def sample() -> list[str]:
+        response = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            n=3,
+            seed=11,
+            temperature=1.0,
+            top_p=0.95,
+            extra_body={"return_token_ids": True},
+        )
+        assert [c.index for c in response.choices] == [0, 1, 2]
+        return [json.dumps(c.model_extra["token_ids"]) for c in response.choices]
+
+    first = sample()
+    assert first == sample()
+    assert len(set(first)) > 1
+
+
+def test_stop_strings_cut_the_text(client: Any) -> None:
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a story"}],
+        "max_tokens": 24,
+        "seed": 5,
+    }
+    full = client.chat.completions.create(**request, extra_body={"ignore_eos": True})
+    text = full.choices[0].message.content
+    stop = next(text[i : i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i : i + 3])
+    cut = client.chat.completions.create(**request, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+
+
+def test_streaming_chat_matches_the_unstreamed_response(client: Any) -> None:
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say something"}],
+        "max_tokens": 10,
+        "temperature": 0,
+        "extra_body": {"return_token_ids": True, "ignore_eos": True},
+    }
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].model_extra["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids") or []]
+    assert content == whole.choices[0].message.content
+    assert ids == whole.choices[0].model_extra["token_ids"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 10
+    assert all(c.model_extra["model_version"] == 0 for c in chunks)
+
+
+def test_streaming_completion(client: Any) -> None:
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="The answer is",
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        logprobs=1,
+        extra_body={"return_token_ids": True},
+    )
+    chunks = list(stream)
+    whole = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=6, temperature=0)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == 6
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"]
+
+
+def test_tools_and_tool_results_reach_the_prompt(client: Any, engine: LocalEngine) -> None:
+    messages = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, max_tokens=4, extra_body={"return_token_ids": True}
+    )
+    prompt = engine.tokenizer.decode(response.model_extra["prompt_token_ids"])
+    assert '<tools>\n{"name": "add"' in prompt
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>' in prompt
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>" in prompt
+
+
+def _post(url: str, path: str, body: Any) -> httpx.Response:
+    return httpx.post(f"{url}{path}", json=body, timeout=30)
+
+
+def test_bad_input_gets_a_clear_400_and_the_engine_keeps_serving(url: str, client: Any) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    cases = [
+        ({**chat, "model": "gpt-9"}, "model_not_found", "gpt-9"),
+        ({**chat, "max_tokens": 1000}, "context_length_exceeded", "512"),
+        (
+            {**chat, "messages": [{"role": "user", "content": "word " * 300}]},
+            "context_length_exceeded",
+            "512",
+        ),
+        ({**chat, "temperature": -1}, "invalid_parameter", "temperature"),
+        ({**chat, "top_p": 0}, "invalid_parameter", "top_p"),
+        ({**chat, "n": 0}, "invalid_parameter", "n"),
+        ({**chat, "max_tokens": 0}, "invalid_parameter", "max_tokens"),
+        ({**chat, "presence_penalty": 1.0}, "invalid_parameter", "presence_penalty"),
+        ({**chat, "messages": []}, "invalid_parameter", "messages"),
+        ({**chat, "messages": [{"role": "wizard", "content": "x"}]}, "invalid_parameter", "role"),
+        ({"messages": chat["messages"]}, "invalid_parameter", "model"),
+    ]
+    for body, code, mentioned in cases:
+        response = _post(url, "/v1/chat/completions", body)
+        assert response.status_code == 400, body
+        error = response.json()["error"]
+        assert error["code"] == code, error
+        assert mentioned in error["message"], error
+        assert error["type"] == "invalid_request_error"
+    bad_completions = [
+        ({"model": MODEL, "prompt": [999999]}, "prompt token ids"),
+        ({"model": MODEL, "prompt": ""}, "empty"),
+        ({"model": MODEL, "prompt": "x", "echo": True}, "echo"),
+    ]
+    for body, mentioned in bad_completions:
+        response = _post(url, "/v1/completions", body)
+        assert response.status_code == 400
+        assert mentioned in response.json()["error"]["message"]
+    invalid_json = httpx.post(f"{url}/v1/chat/completions", content=b"{not json", timeout=30)
+    assert invalid_json.status_code == 400
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="gpt-9", messages=chat["messages"])
+    assert client.chat.completions.create(model=MODEL, messages=chat["messages"], max_tokens=2).choices
+
+
+def test_health(url: str) -> None:
+    body = httpx.get(f"{url}/health").json()
+    assert body["status"] == "ok"
+    assert body["model"] == MODEL
+
+
+async def _timed_requests(url: str, concurrency: int, total: int, max_tokens: int) -> float:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+
+        async def one() -> int:
+            async with semaphore:
+                response = await http.post("/v1/chat/completions", json=body)
+                tokens: int = response.json()["usage"]["completion_tokens"]
+                return tokens
+
+        started = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one() for _ in range(total))))
+        elapsed = time.perf_counter() - started
+    assert tokens == total * max_tokens
+    return tokens / elapsed
+
+
+def test_sixteen_concurrent_requests_beat_one_at_a_time_threefold(url: str) -> None:
+    sequential = asyncio.run(_timed_requests(url, concurrency=1, total=16, max_tokens=24))
+    concurrent = asyncio.run(_timed_requests(url, concurrency=16, total=16, max_tokens=24))
+    assert concurrent >= 3 * sequential, (sequential, concurrent)

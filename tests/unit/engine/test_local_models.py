@@ -1,0 +1,114 @@
+"""Locally built models and tokenizers, loaded back through the same code as downloaded weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fulgor.engine.errors import ModelLoadError
+from fulgor.engine.loading import checkpoint_kind, load_model
+from fulgor.engine.models import MODEL_SIZES, init_model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+
+def test_init_model_writes_a_hugging_face_directory(tiny_model_dir: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (tiny_model_dir / name).is_file(), name
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["vocab_size"] == MODEL_SIZES["tiny"].vocab_size
+    assert checkpoint_kind(tiny_model_dir) == "full"
+
+
+def test_loaded_model_knows_its_limits(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    assert tiny_model.max_model_len == MODEL_SIZES["tiny"].max_position_embeddings
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in tiny_model.eos_token_ids
+    assert tiny_model.pad_token_id == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    params = sum(p.numel() for p in tiny_model.model.parameters())
+    assert 500_000 < params < 2_000_000
+
+
+def test_same_seed_same_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+    again = init_model(tmp_path / "again", "tiny", seed=0)
+    assert (again / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
+    assert (again / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+
+
+def test_qwen2_architecture(tmp_path: Path) -> None:
+    out = init_model(tmp_path / "qwen", "tiny", arch="qwen2", seed=1)
+    loaded = load_model(out, device="cpu")
+    assert loaded.model.config.model_type == "qwen2"
+
+
+def test_init_refuses_a_directory_that_holds_a_model(tiny_model_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="already holds a model"):
+        init_model(tiny_model_dir, "tiny")
+
+
+def test_init_rejects_unknown_sizes(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="tiny"):
+        init_model(tmp_path / "x", "huge")  # type: ignore[arg-type]
+
+
+def test_loading_a_missing_directory_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="fulgor model init"):
+        load_model(tmp_path / "nothing")
+
+
+def test_special_tokens_and_tool_markers_are_single_tokens(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    for marker in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>"):
+        assert len(tokenizer.encode(marker, add_special_tokens=False)) == 1, marker
+    ids = tokenizer.encode("<tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<tool_call>x</tool_call>"
+
+
+def test_chat_template_renders_tools_calls_and_tool_results(tiny_model: Any) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "tool_call_id": "c2", "content": "6"},
+    ]
+    text = tiny_model.tokenizer.apply_chat_template(
+        messages, tools=TOOLS, add_generation_prompt=True, tokenize=False
+    )
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert '<tools>\n{"name": "add", "description": "Add two integers."' in text
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    assert f"<|im_start|>assistant\n{call}<|im_end|>" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response><|im_end|>\n"
+        in text
+    )
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_without_tools_is_plain_chatml(tiny_model: Any) -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    text = tiny_model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -1,0 +1,162 @@
+"""vLLM supervision: the command line, and start, restart, reload and stop against a stand-in process."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fulgor.engine.errors import VLLMError
+from fulgor.engine.vllm import VLLMConfig, VLLMServer, build_command
+
+STAND_IN = Path(__file__).with_name("vllm_stand_in.py")
+
+
+def _flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_command_asks_for_token_ids_logprobs_and_tool_calls() -> None:
+    config = VLLMConfig(
+        model="/models/qwen", max_model_len=4096, seed=7, max_logprobs=5, extra_args=("--x", "1")
+    )
+    command = build_command(config, "/models/qwen", 8123)
+    assert command[:3] == ["vllm", "serve", "/models/qwen"]
+    assert _flag(command, "--port") == "8123"
+    assert _flag(command, "--host") == "127.0.0.1"
+    assert _flag(command, "--served-model-name") == "qwen"
+    assert _flag(command, "--max-logprobs") == "5"
+    assert "--return-tokens-as-token-ids" in command
+    assert _flag(command, "--generation-config") == "vllm"
+    assert _flag(command, "--tool-call-parser") == "hermes"
+    assert "--enable-auto-tool-choice" in command
+    assert _flag(command, "--max-model-len") == "4096"
+    assert _flag(command, "--seed") == "7"
+    assert "--enable-lora" not in command
+    assert command[-2:] == ["--x", "1"]
+
+
+def test_command_for_lora_and_memory() -> None:
+    config = VLLMConfig(
+        model="m", served_model_name="policy", enable_lora=True, max_lora_rank=16, gpu_memory_utilization=0.5
+    )
+    command = build_command(config, "m", 1)
+    assert _flag(command, "--served-model-name") == "policy"
+    assert _flag(command, "--max-lora-rank") == "16"
+    assert "--enable-lora" in command
+    assert _flag(command, "--gpu-memory-utilization") == "0.5"
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _config(tmp_path: Path, **overrides: Any) -> VLLMConfig:
+    log = tmp_path / "stand_in.jsonl"
+    options: dict[str, Any] = {
+        "model": str(tmp_path / "base"),
+        "port": 0,
+        "command": (sys.executable, str(STAND_IN), "serve"),
+        "env": {"STAND_IN_LOG": str(log)},
+        "log_path": tmp_path / "vllm.log",
+        "startup_timeout_seconds": 30,
+        "health_interval_seconds": 0.2,
+        "enable_lora": True,
+    }
+    options.update(overrides)
+    return VLLMConfig(**options)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[VLLMServer]:
+    supervised = VLLMServer(_config(tmp_path))
+    supervised.start()
+    yield supervised
+    supervised.stop()
+
+
+def _wait_for(condition: Any, timeout_seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_start_waits_until_healthy(server: VLLMServer, tmp_path: Path) -> None:
+    assert server.healthy()
+    launch = _events(tmp_path / "stand_in.jsonl")[0]
+    assert launch["argv"][:2] == ["serve", str(tmp_path / "base")]
+    assert _flag(launch["argv"], "--port") == str(server.port)
+
+
+def test_a_crashed_server_is_restarted(server: VLLMServer, tmp_path: Path) -> None:
+    request = urllib.request.Request(f"{server.url}/crash", data=b"{}", method="POST")
+    urllib.request.urlopen(request, timeout=5).close()
+    _wait_for(lambda: server.restarts == 1 and server.healthy())
+    launches = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "launch"]
+    assert len(launches) == 2
+
+
+def test_lora_reload_loads_the_adapter_at_runtime(server: VLLMServer, tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert server.reload_weights(adapter) == 1
+    assert server.model_name == "base-v1"
+    loads = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "load_lora_adapter"]
+    assert loads == [
+        {
+            "event": "load_lora_adapter",
+            "body": {"lora_name": "base-v1", "lora_path": str(adapter)},
+            "env": "True",
+        }
+    ]
+
+
+def test_full_reload_restarts_on_the_new_checkpoint(server: VLLMServer, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "step-1"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    assert server.reload_weights(checkpoint) == 1
+    assert server.healthy()
+    launches = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "launch"]
+    assert launches[-1]["argv"][1] == str(checkpoint)
+    time.sleep(0.5)  # the supervisor must not count the planned restart as a crash
+    assert server.restarts == 0
+    with pytest.raises(VLLMError, match="no checkpoint"):
+        server.reload_weights(tmp_path / "missing")
+
+
+def test_a_server_that_cannot_start_raises_with_its_log(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    failing = VLLMServer(
+        _config(tmp_path, env={**config.env, "STAND_IN_FAIL_START": "1"}),
+    )
+    with pytest.raises(VLLMError, match="exited with code 2"):
+        failing.start()
+
+
+def test_a_missing_vllm_says_how_to_install_it(tmp_path: Path) -> None:
+    missing = VLLMServer(_config(tmp_path, command=("definitely-not-vllm-here", "serve")))
+    with pytest.raises(VLLMError, match="fulgor\\[vllm\\]"):
+        missing.start()
+
+
+def test_supervision_gives_up_after_max_restarts(tmp_path: Path) -> None:
+    supervised = VLLMServer(_config(tmp_path, max_restarts=0))
+    supervised.start()
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(f"{supervised.url}/crash", data=b"{}", method="POST")
+        ).close()
+        supervised.wait()
+        assert supervised.failure is not None
+        assert "exit code 3" in supervised.failure
+    finally:
+        supervised.stop()

@@ -1,0 +1,72 @@
+"""A stand-in for ``vllm serve`` in supervision tests: same command line, same health endpoint.
+
+Run as ``python vllm_stand_in.py serve MODEL --port P ...``. It appends one JSON line per launch
+and per admin call to the file named by ``STAND_IN_LOG``, answers ``GET /health``, accepts
+``POST /v1/load_lora_adapter``, and exits with code 3 on ``POST /crash``. With
+``STAND_IN_FAIL_START=1`` it exits at once with code 2, like a vLLM that cannot load its model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _log(entry: dict[str, object]) -> None:
+    with open(os.environ["STAND_IN_LOG"], "a") as log:
+        log.write(json.dumps(entry) + "\n")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def _reply(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._reply(200, {})
+        else:
+            self._reply(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/crash":
+            self._reply(200, {})
+            threading.Thread(target=os._exit, args=(3,)).start()
+        elif self.path == "/v1/load_lora_adapter":
+            _log(
+                {
+                    "event": "load_lora_adapter",
+                    "body": body,
+                    "env": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+                }
+            )
+            self._reply(200, {})
+        else:
+            self._reply(404, {"error": "not found"})
+
+
+def main(argv: list[str]) -> int:
+    _log({"event": "launch", "argv": argv})
+    if os.environ.get("STAND_IN_FAIL_START") == "1":
+        print("cannot load the model", file=sys.stderr)
+        return 2
+    port = int(argv[argv.index("--port") + 1])
+    host = argv[argv.index("--host") + 1]
+    ThreadingHTTPServer((host, port), _Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
