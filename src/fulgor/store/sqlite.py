@@ -303,15 +303,16 @@ class SqliteStore:
         changed = False
         with self._write():
             keys = dict.fromkeys((span.rollout_id, span.attempt_id) for span in spans)
-            attempts = {key: self._attempt_with_span_count(*key) for key in keys}
-            counts = {key: count for key, (_, count) in attempts.items()}
+            attempts = {key: self._span_target(*key) for key in keys}
+            counts = {key: count for key, (_, _, count) in attempts.items()}
             stored = [
-                self._store_span(span, attempts[key][0].sequence_id, counts, key)
+                self._store_span(span, attempts[key][0], counts, key)
                 for span in spans
                 for key in [(span.rollout_id, span.attempt_id)]
             ]
-            for key, (attempt, _) in attempts.items():
-                if attempt.status == "preparing":
+            for key, (_, status, _) in attempts.items():
+                if status == "preparing":
+                    attempt = self._attempt(*key)
                     running = attempt.model_copy(update={"status": "running", "last_active_time": now})
                     changed = self._put_attempt(running, now) or changed
                 # Live or not, one statement: the span count, and activity for a live attempt.
@@ -596,15 +597,16 @@ class SqliteStore:
         )
         return True
 
-    def _attempt_with_span_count(self, rollout_id: str, attempt_id: str) -> tuple[Attempt, int]:
+    def _span_target(self, rollout_id: str, attempt_id: str) -> tuple[int, str, int]:
+        """The attempt's sequence id, status and span count (all ``add_spans`` needs to read)."""
         row = self._conn.execute(
-            f"SELECT {ATTEMPT_COLUMNS}, span_count FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
+            "SELECT sequence_id, status, span_count FROM attempts WHERE attempt_id = ? AND rollout_id = ?",
             (attempt_id, rollout_id),
         ).fetchone()
         if row is None:
             self._rollout(rollout_id)
             raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
-        return attempt_from_row(row[:-1]), int(row[-1])
+        return int(row[0]), str(row[1]), int(row[2])
 
     def _cancel_one(self, rollout: Rollout, now: float) -> Rollout:
         rows = self._conn.execute(
