@@ -33,6 +33,7 @@ from fulgor.types import (
 )
 
 T = TypeVar("T")
+_MAX_PAGE = 2**53  # beyond this SQL backends overflow; no store holds that many rows anyway
 
 _ATTEMPT_NEXT: dict[str, frozenset[str]] = {
     "preparing": frozenset({"preparing", "running", "succeeded", "failed", "timeout", "unresponsive"}),
@@ -80,10 +81,10 @@ def check_claim_args(worker_id: str, limit: int, wait_seconds: float) -> None:
 def check_page(limit: int | None, offset: int, order: str = "asc") -> None:
     if order not in ("asc", "desc"):
         raise ValidationError(f"order must be 'asc' or 'desc', got {order!r}")
-    if limit is not None and limit < 0:
-        raise ValidationError(f"limit must be >= 0, got {limit!r}")
-    if offset < 0:
-        raise ValidationError(f"offset must be >= 0, got {offset!r}")
+    if limit is not None and not 0 <= limit <= _MAX_PAGE:
+        raise ValidationError(f"limit must be between 0 and {_MAX_PAGE}, got {limit!r}")
+    if not 0 <= offset <= _MAX_PAGE:
+        raise ValidationError(f"offset must be between 0 and {_MAX_PAGE}, got {offset!r}")
 
 
 def check_spans(spans: Sequence[Span]) -> None:

@@ -34,10 +34,21 @@ T = TypeVar("T")
 
 
 def open_store(url: str, *, create: bool = True) -> Store:
-    """A store from a URL: ``memory://`` or ``sqlite:///PATH`` (relative) / ``sqlite:////ABS/PATH``.
+    """A store from a URL: ``memory://``, ``sqlite:///PATH`` (relative) / ``sqlite:////ABS/PATH``, or
+    ``http://HOST:PORT`` / ``https://...`` for a StoreClient of ``fulgor serve`` (token: FULGOR_TOKEN),
+    or ``postgresql://USER:PASSWORD@HOST:PORT/DB[?schema=NAME]`` for a PostgresStore.
 
-    With ``create=False`` a SQLite file that does not exist yet is an error instead of a new store.
+    With ``create=False`` a SQLite file that does not exist yet is an error instead of a new store
+    (for PostgreSQL, a missing schema is, when the store first connects).
     """
+    if url.startswith(("http://", "https://")):
+        from fulgor.store.client import StoreClient
+
+        return StoreClient(url)
+    if url.startswith(("postgresql://", "postgres://")):
+        from fulgor.store.postgres import PostgresStore
+
+        return PostgresStore.from_url(url, create=create)
     if url == "memory://":
         return MemoryStore()
     if url.startswith("sqlite:///"):
@@ -48,7 +59,10 @@ def open_store(url: str, *, create: bool = True) -> Store:
             raise ConfigError(f"no store at {path}; check the --store URL or the run directory")
         path.parent.mkdir(parents=True, exist_ok=True)
         return SqliteStore(path)
-    raise ConfigError(f"unknown store URL {url!r}; use memory:// or sqlite:///PATH")
+    raise ConfigError(
+        f"unknown store URL {url!r}; use memory://, sqlite:///PATH, http://HOST:PORT "
+        "or postgresql://USER:PASSWORD@HOST:PORT/DB"
+    )
 
 
 class SyncStore:

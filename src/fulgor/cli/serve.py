@@ -1,0 +1,82 @@
+"""``fulgor serve``: the store (and OTLP span ingestion) over HTTP for runners, gateways and agents.
+
+Prints ``http://HOST:PORT`` as the first line of stdout once the port is bound (the real port with
+``--port 0``), serves until SIGINT or SIGTERM, then closes the store and releases the port.
+
+The bearer token comes from ``--token-file`` or else the ``FULGOR_TOKEN`` environment variable;
+without one the server only binds to loopback addresses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fulgor.errors import ConfigError, FulgorError
+
+DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
+DEFAULT_PORT = 8474
+TOKEN_ENV = "FULGOR_TOKEN"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="serve the store API and OTLP span ingestion over HTTP")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
+    )
+    parser.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"file holding the bearer token clients must send (else ${TOKEN_ENV}; needed off loopback)",
+    )
+    parser.set_defaults(handler=_serve)
+
+
+def resolve_token(token_file: Path | None) -> str | None:
+    """The token from ``--token-file``, else ``$FULGOR_TOKEN``, else None."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read --token-file {token_file}: {error.strerror}") from None
+        if not token:
+            raise ConfigError(f"--token-file {token_file} is empty; write the token into it")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from fulgor.store import server
+        from fulgor.store.sync import open_store
+
+        token = resolve_token(args.token_file)
+        server.check_bind(args.host, token)
+        if args.store.startswith(("http://", "https://")):
+            raise ConfigError(
+                "--store must be a local store (sqlite:///PATH or memory://), not another server"
+            )
+        store = open_store(args.store)
+        try:
+            sock = server.bind_socket(args.host, args.port)
+        except ConfigError:
+            _close(store)
+            raise
+    except (FulgorError, ImportError) as error:
+        print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
+        return 2
+    app = server.create_app(server.ServerConfig(store=store, token=token))
+    print(server.url_of(sock), flush=True)
+    server.serve_forever(app, sock, access_log=args.verbose)
+    return 0
+
+
+def _close(store: Any) -> None:
+    import asyncio
+
+    asyncio.run(store.close())

@@ -1,0 +1,355 @@
+"""Server plumbing shared by every route: the server's config and state, errors as
+``{"error": {"code", "message"}}`` bodies, auth, body limits, idempotency and long-poll draining.
+
+The store routes (:mod:`fulgor.store._store_api`), OTLP ingestion (:mod:`fulgor.store.otlp`) and
+the app (:mod:`fulgor.store.server`) use these pieces; nothing here knows a store operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pydantic
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.store import _api as api
+from fulgor.store.base import Store
+
+T = TypeVar("T")
+
+JSON = "application/json"
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+@dataclass
+class ServerConfig:
+    """What the store server serves and how; the app owns ``store`` and closes it on shutdown."""
+
+    store: Store
+    token: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_wait_seconds: float = 30.0
+    idempotency_entries: int = 10_000
+
+
+class RequestTooLargeError(FulgorError):
+    """A request body is larger than the server accepts."""
+
+    code = "payload_too_large"
+
+
+class UnsupportedMediaTypeError(FulgorError):
+    """A request body comes in a content type the route does not read."""
+
+    code = "unsupported_media_type"
+
+
+def status_for(error: FulgorError) -> int:
+    """The HTTP status of a fulgor error; the one place where errors meet HTTP."""
+    if isinstance(error, NotFoundError):
+        return 404
+    if isinstance(error, InvalidTransitionError):
+        return 409
+    if isinstance(error, RequestTooLargeError):
+        return 413
+    if isinstance(error, UnsupportedMediaTypeError):
+        return 415
+    return 400
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    body = api.ErrorBody(error=api.ErrorDetail(code=code, message=message, details=details))
+    return Response(body.model_dump_json(exclude_none=True), status, headers, JSON)
+
+
+def fulgor_error_response(error: FulgorError) -> Response:
+    details = None
+    if isinstance(error, InvalidTransitionError):
+        details = {
+            "kind": error.kind,
+            "object_id": error.object_id,
+            "from_status": error.from_status,
+            "to_status": error.to_status,
+        }
+    return error_response(status_for(error), error.code, error.message, details)
+
+
+def validation_error_response(error: pydantic.ValidationError) -> Response:
+    """422 naming each offending field by its path, e.g. ``spans[1].start_time``."""
+    problems = [
+        {"field": api.field_path(tuple(item["loc"])), "message": item["msg"], "type": item["type"]}
+        for item in error.errors(include_url=False, include_input=False)
+    ]
+    message = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5])
+    if len(problems) > 5:
+        message += f"; and {len(problems) - 5} more"
+    return error_response(422, ValidationError.code, message, {"errors": problems})
+
+
+async def read_model(request: Request, model: type[T]) -> T:
+    """The JSON request body validated as ``model`` (pydantic errors propagate)."""
+    body = await request.body()
+    # Strict: JSON types must match the schema (no false for a number), as the OpenAPI spec says.
+    result: T = model.model_validate_json(body or b"{}", strict=True)  # type: ignore[attr-defined]
+    return result
+
+
+def read_query(request: Request, model: type[T], list_fields: frozenset[str] = frozenset()) -> T:
+    """Query parameters validated as ``model`` (unknown names are errors); ``list_fields`` may repeat."""
+    params = request.query_params
+    data: dict[str, Any] = {
+        name: params.getlist(name) if name in list_fields else params.getlist(name)[-1] for name in params
+    }
+    result: T = model.model_validate(data)  # type: ignore[attr-defined]
+    return result
+
+
+async def guarded(make: Callable[[], Awaitable[Response]]) -> Response:
+    """Run a route body, turning fulgor and pydantic errors into their 4xx responses."""
+    try:
+        return await make()
+    except FulgorError as error:
+        return fulgor_error_response(error)
+    except pydantic.ValidationError as error:
+        return validation_error_response(error)
+
+
+async def guarded_body(request: Request) -> bytes | Response:
+    """The raw request body, or the error response when reading it fails (e.g. too large)."""
+    try:
+        return await request.body()
+    except FulgorError as error:
+        return fulgor_error_response(error)
+
+
+@dataclass(frozen=True)
+class _Cached:
+    status: int
+    body: bytes
+    media_type: str | None
+
+
+class IdempotencyCache:
+    """Remembers the responses to recent ``Idempotency-Key`` requests, so a retry gets the first answer.
+
+    Kept in this process's memory, bounded to ``max_entries`` keys (oldest forgotten first): it
+    protects retries against one server process, not across a restart or between several servers
+    behind a load balancer. A retry that arrives while the first request is still running waits
+    for the first one's answer instead of running twice. A key reused with a different body is
+    refused (422). 5xx answers are not remembered.
+    """
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self._max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str, str], tuple[bytes, asyncio.Future[_Cached]]] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def run(
+        self, key: tuple[str, str, str], body: bytes, make: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        fingerprint = hashlib.sha256(body).digest()
+        known = self._entries.get(key)
+        if known is not None:
+            if known[0] != fingerprint:
+                message = (
+                    f"this {key[2]!r} was already used for a different request; use a new key per request"
+                )
+                return error_response(422, "idempotency_key_reused", message)
+            self._entries.move_to_end(key)
+            cached = await asyncio.shield(known[1])
+            return Response(cached.body, cached.status, media_type=cached.media_type)
+        future: asyncio.Future[_Cached] = asyncio.get_running_loop().create_future()
+        self._entries[key] = (fingerprint, future)
+        try:
+            response = await make()
+        except BaseException as error:
+            self._forget(key, future, error)
+            raise
+        if response.status_code >= 500:
+            self._forget(key, future, None)
+            return response
+        future.set_result(_Cached(response.status_code, bytes(response.body), response.media_type))
+        self._evict()
+        return response
+
+    def _forget(self, key: tuple[str, str, str], future: asyncio.Future[_Cached], error: Any) -> None:
+        self._entries.pop(key, None)
+        if isinstance(error, Exception):
+            future.set_exception(error)
+            future.exception()  # retrieved here, so an unawaited future logs nothing
+        else:
+            future.cancel()
+
+    def _evict(self) -> None:
+        while len(self._entries) > self._max_entries:
+            oldest_key = next(iter(self._entries))
+            if not self._entries[oldest_key][1].done():
+                break
+            del self._entries[oldest_key]
+
+
+class Draining:
+    """Set when the server starts to shut down, so long-polls answer at once instead of holding it up.
+
+    Works across event loops and threads: ``begin`` may be called from a signal handler or another
+    thread, and wakes every held request on whichever loop it waits.
+    """
+
+    def __init__(self) -> None:
+        self._begun = False
+        self._lock = threading.Lock()
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+
+    def begin(self) -> None:
+        with self._lock:
+            self._begun = True
+            waiters, self._waiters = self._waiters, set()
+        for loop, future in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_resolve, future)
+
+    @property
+    def begun(self) -> bool:
+        return self._begun
+
+    async def hold(self, work: Awaitable[T], fallback: Callable[[], Awaitable[T]]) -> T:
+        """``work``'s result, or ``fallback()``'s when draining begins first (``work`` is cancelled)."""
+        loop = asyncio.get_running_loop()
+        drained: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._begun:
+                drained.set_result(None)
+            else:
+                self._waiters.add((loop, drained))
+        task = asyncio.ensure_future(work)
+        either: set[asyncio.Future[Any]] = {task, drained}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._waiters.discard((loop, drained))
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        if not task.cancelled():
+            return task.result()
+        return await fallback()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@dataclass
+class ServerState:
+    """What every route reaches (as ``app.state.fulgor``): config, idempotency cache, draining flag."""
+
+    config: ServerConfig
+    idempotency: IdempotencyCache
+    draining: Draining = field(default_factory=Draining)
+
+    @property
+    def store(self) -> Store:
+        return self.config.store
+
+
+class AuthMiddleware:
+    """Bearer-token check on every HTTP route except health, the OpenAPI spec and the docs.
+
+    401 when the ``Authorization`` header is missing or not a bearer token, 403 when the token is
+    wrong; the comparison takes the same time wherever the tokens differ.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"authorization")
+        if given is None or given[:7].lower() != b"bearer ":
+            response = error_response(
+                401,
+                "unauthorized",
+                "this server needs a bearer token: send 'Authorization: Bearer TOKEN' "
+                "(StoreClient(url, token=...) or the FULGOR_TOKEN environment variable)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        elif not hmac.compare_digest(b"Bearer " + given[7:], self._expected):
+            response = error_response(403, "forbidden", "the bearer token is wrong; use the server's token")
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """413 for request bodies over ``max_body_bytes``, whether announced by Content-Length or streamed."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            if declared.isdigit():
+                response = fulgor_error_response(self._too_large())
+            else:
+                response = error_response(400, "bad_request", "Content-Length must be a whole number")
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:
+                raise self._too_large()
+            return message
+
+        await self.app(scope, limited, send)
+
+    def _too_large(self) -> RequestTooLargeError:
+        return RequestTooLargeError(
+            f"request body is larger than {self.max_body_bytes} bytes; send fewer spans or rollouts per "
+            "request, or start the server with a larger ServerConfig.max_body_bytes"
+        )
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            result: bytes = value
+            return result
+    return None

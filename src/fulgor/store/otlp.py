@@ -1,0 +1,318 @@
+"""OTLP/HTTP trace ingestion: ``POST /v1/traces`` turns OpenTelemetry spans into store spans.
+
+Any OpenTelemetry-instrumented agent can export straight to fulgor by pointing its OTLP/HTTP
+exporter at ``http://HOST:PORT/v1/traces``. Bodies may be protobuf (``application/x-protobuf``,
+needs ``opentelemetry-proto`` from the ``server`` extra) or OTLP/JSON (``application/json``: hex
+trace and span ids, attributes as key/value ``AnyValue`` lists), optionally gzip-compressed.
+
+Each span is attributed to a rollout and attempt by, in this order: its own attributes
+``fulgor.rollout_id``/``fulgor.attempt_id``, its resource's attributes with the same keys, or the
+request headers ``X-Fulgor-Rollout-Id``/``X-Fulgor-Attempt-Id``. Spans that cannot be attributed,
+or name an unknown rollout or attempt, are reported back as OTLP ``partial_success`` rejections;
+the others are stored. Protobuf is first converted to the OTLP/JSON shape, so one decoder reads both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fulgor.errors import StoreError, ValidationError
+from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID
+from fulgor.store import _api as api
+from fulgor.store import _serving as serving
+from fulgor.store.base import Store
+from fulgor.types import Span, SpanEvent, SpanStatus
+
+__all__ = ["decode_json", "decode_protobuf", "otlp_router", "spans_from_otlp"]
+
+PROTOBUF = "application/x-protobuf"
+_STATUS_CODES = {0: "unset", 1: "ok", 2: "error", "STATUS_CODE_UNSET": "unset", "STATUS_CODE_OK": "ok"}
+_STATUS_CODES["STATUS_CODE_ERROR"] = "error"
+
+Attribution = tuple[str | None, str | None]
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """An OTLP/JSON ``ExportTraceServiceRequest`` as a dict."""
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValidationError(f"body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ValidationError("body must be an OTLP/JSON ExportTraceServiceRequest object")
+    return document
+
+
+def decode_protobuf(body: bytes) -> dict[str, Any]:
+    """A protobuf ``ExportTraceServiceRequest`` in the OTLP/JSON shape (ids as hex)."""
+    try:
+        from google.protobuf.json_format import MessageToDict
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    except ImportError:
+        raise serving.UnsupportedMediaTypeError(
+            "protobuf OTLP needs opentelemetry-proto: pip install 'fulgor[server]', or export OTLP/JSON"
+        ) from None
+    message = ExportTraceServiceRequest()
+    try:
+        message.ParseFromString(body)
+    except DecodeError as error:
+        raise ValidationError(f"body is not a protobuf ExportTraceServiceRequest: {error}") from None
+    document: dict[str, Any] = MessageToDict(message, use_integers_for_enums=True)
+    for resource_spans in document.get("resourceSpans", []):
+        for scope_spans in resource_spans.get("scopeSpans", []):
+            for span in scope_spans.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+    return document
+
+
+def spans_from_otlp(document: dict[str, Any], fallback: Attribution) -> tuple[list[Span], list[str]]:
+    """Store spans from an OTLP/JSON document, and a reason for each span that was left out."""
+    spans: list[Span] = []
+    problems: list[str] = []
+    for r, resource_spans in enumerate(_list(document, "resourceSpans", "resource_spans")):
+        resource = _attributes(_object(resource_spans, "resource").get("attributes"))
+        for s, scope_spans in enumerate(_list(resource_spans, "scopeSpans", "scope_spans")):
+            for i, raw in enumerate(_list(scope_spans, "spans")):
+                where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                try:
+                    spans.append(_span(raw, resource, fallback))
+                except (ValidationError, pydantic.ValidationError, TypeError, ValueError) as error:
+                    problems.append(f"{where}: {_reason(error)}")
+    return spans, problems
+
+
+def _span(raw: Any, resource: dict[str, Any], fallback: Attribution) -> Span:
+    if not isinstance(raw, dict):
+        raise ValidationError("a span must be an object")
+    attributes = _attributes(raw.get("attributes"))
+    rollout_id = attributes.get(RESOURCE_ROLLOUT_ID) or resource.get(RESOURCE_ROLLOUT_ID) or fallback[0]
+    attempt_id = attributes.get(RESOURCE_ATTEMPT_ID) or resource.get(RESOURCE_ATTEMPT_ID) or fallback[1]
+    if not rollout_id or not attempt_id:
+        raise ValidationError(
+            f"no rollout or attempt: set the resource attributes {RESOURCE_ROLLOUT_ID} and "
+            f"{RESOURCE_ATTEMPT_ID}, or the headers {api.ROLLOUT_HEADER} and {api.ATTEMPT_HEADER}"
+        )
+    status = _object(raw, "status")
+    parent = _get(raw, "parentSpanId", "parent_span_id")
+    end = _get(raw, "endTimeUnixNano", "end_time_unix_nano")
+    return Span(
+        rollout_id=str(rollout_id),
+        attempt_id=str(attempt_id),
+        trace_id=str(_get(raw, "traceId", "trace_id") or ""),
+        span_id=str(_get(raw, "spanId", "span_id") or ""),
+        parent_id=str(parent) if parent else None,
+        name=str(raw.get("name") or ""),
+        start_time=_seconds(_get(raw, "startTimeUnixNano", "start_time_unix_nano")),
+        end_time=_seconds(end) if end not in (None, "0", 0) else None,
+        attributes=attributes,
+        events=tuple(_event(event) for event in _list(raw, "events")),
+        status=SpanStatus(
+            code=_STATUS_CODES.get(status.get("code", 0), "unset"), message=status.get("message")
+        ),
+        resource=resource,
+    )
+
+
+def _event(raw: Any) -> SpanEvent:
+    if not isinstance(raw, dict):
+        raise ValidationError("a span event must be an object")
+    return SpanEvent(
+        name=str(raw.get("name") or ""),
+        time=_seconds(_get(raw, "timeUnixNano", "time_unix_nano")),
+        attributes=_attributes(raw.get("attributes")),
+    )
+
+
+def _attributes(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise ValidationError("attributes must be a list of {key, value} objects")
+    result: dict[str, Any] = {}
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise ValidationError("attributes must be a list of {key, value} objects")
+        result[item["key"]] = _any_value(item.get("value"))
+    return result
+
+
+def _any_value(raw: Any) -> Any:
+    """An OTLP ``AnyValue`` as plain JSON data (bytes stay base64, as in OTLP/JSON)."""
+    if not isinstance(raw, dict) or not raw:
+        return None
+    kind, value = next(iter(raw.items()))
+    if kind in ("stringValue", "string_value", "bytesValue", "bytes_value"):
+        return str(value)
+    if kind in ("boolValue", "bool_value"):
+        return bool(value)
+    if kind in ("intValue", "int_value"):
+        return int(value)
+    if kind in ("doubleValue", "double_value"):
+        return float(value)
+    if kind in ("arrayValue", "array_value"):
+        return [_any_value(v) for v in _list(value, "values")]
+    if kind in ("kvlistValue", "kvlist_value"):
+        return _attributes(_list(value, "values"))
+    raise ValidationError(f"unknown AnyValue kind {kind!r}")
+
+
+def _seconds(nanos: Any) -> float:
+    if nanos is None:
+        raise ValidationError("startTimeUnixNano and event timeUnixNano are required")
+    return int(nanos) / 1e9
+
+
+def _get(raw: dict[str, Any], camel: str, snake: str) -> Any:
+    return raw.get(camel, raw.get(snake))
+
+
+def _list(raw: Any, camel: str, snake: str | None = None) -> list[Any]:
+    value = raw.get(camel, raw.get(snake or camel)) if isinstance(raw, dict) else None
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValidationError(f"{camel} must be a list")
+    return value
+
+
+def _object(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValidationError(f"{key} must be an object")
+    return value
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, pydantic.ValidationError):
+        return "; ".join(f"{api.field_path(tuple(e['loc']))}: {e['msg']}" for e in error.errors()[:3])
+    return getattr(error, "message", str(error))
+
+
+async def store_spans(store: Store, spans: Sequence[Span]) -> tuple[int, list[str]]:
+    """Add spans one (rollout, attempt) group at a time, so one unknown id rejects only its group.
+
+    Returns how many spans were rejected, and why.
+    """
+    groups: dict[tuple[str, str], list[Span]] = {}
+    for span in spans:
+        groups.setdefault((span.rollout_id, span.attempt_id), []).append(span)
+    rejected, problems = 0, []
+    for (rollout_id, attempt_id), group in groups.items():
+        try:
+            await store.add_spans(group)
+        except (StoreError, ValidationError) as error:
+            rejected += len(group)
+            problems.append(f"{len(group)} span(s) of {rollout_id}/{attempt_id}: {error.message}")
+    return rejected, problems
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise serving.UnsupportedMediaTypeError(f"Content-Encoding {encoding!r} is not supported; use gzip")
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as error:
+        raise ValidationError(f"body is not valid gzip: {error}") from None
+    if len(data) > limit:
+        raise serving.RequestTooLargeError(
+            f"decompressed body is larger than {limit} bytes; export fewer spans"
+        )
+    return data
+
+
+def otlp_router() -> APIRouter:
+    """``POST /v1/traces``: the OTLP/HTTP trace endpoint."""
+    router = APIRouter(tags=["otlp"])
+
+    async def export_traces(request: Request) -> Response:
+        return await serving.guarded(lambda: _export(request))
+
+    router.add_api_route(
+        "/v1/traces",
+        export_traces,
+        methods=["POST"],
+        name="otlp_traces",
+        operation_id="otlp_traces",
+        summary="OTLP/HTTP trace export (protobuf or JSON)",
+        openapi_extra=_OPENAPI,
+    )
+    return router
+
+
+async def _export(request: Request) -> Response:
+    state = request.app.state.fulgor
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in (PROTOBUF, serving.JSON):
+        raise serving.UnsupportedMediaTypeError(
+            f"Content-Type {content_type or '(none)'!r} is not OTLP; send {PROTOBUF} or {serving.JSON}"
+        )
+    body = _decompress(
+        await request.body(), request.headers.get("content-encoding", ""), state.config.max_body_bytes
+    )
+    document = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
+    fallback = (request.headers.get(api.ROLLOUT_HEADER), request.headers.get(api.ATTEMPT_HEADER))
+    spans, problems = spans_from_otlp(document, fallback)
+    rejected, store_problems = await store_spans(state.store, spans)
+    problems += store_problems
+    return _export_response(content_type, problems, rejected + len(problems) - len(store_problems))
+
+
+def _export_response(content_type: str, problems: list[str], rejected: int) -> Response:
+    message = "; ".join(problems[:10])
+    if content_type == PROTOBUF:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+
+        response = pb.ExportTraceServiceResponse()
+        if problems:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        return Response(response.SerializeToString(), media_type=PROTOBUF)
+    partial = (
+        {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}} if problems else {}
+    )
+    return Response(json.dumps(partial), media_type=serving.JSON)
+
+
+_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {
+                "schema": {"type": "object", "description": "OTLP/JSON ExportTraceServiceRequest"}
+            },
+        },
+    },
+    "responses": {
+        "200": {
+            "description": "Stored; rejected spans are counted in partialSuccess",
+            "content": {
+                PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+                "application/json": {"schema": {"type": "object"}},
+            },
+        },
+        "400": {"description": "Body is not OTLP", "content": _ERROR},
+        "401": {"description": "Missing bearer token", "content": _ERROR},
+        "403": {"description": "Wrong bearer token", "content": _ERROR},
+        "413": {"description": "Body too large", "content": _ERROR},
+        "415": {"description": "Not protobuf or JSON, or an unsupported Content-Encoding", "content": _ERROR},
+    },
+}
