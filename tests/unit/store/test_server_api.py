@@ -1,0 +1,259 @@
+"""The store server's HTTP surface: error bodies, auth, size limits, idempotency, long-poll, spec."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from servetools import ServedStore, serve_sqlite
+from storetools import FakeClock, request, span
+
+from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError
+from fulgor.store.client import StoreServerError
+from fulgor.store.memory import MemoryStore
+from fulgor.store.server import BackgroundServer, ServerConfig, bind_socket, check_bind, create_app
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[ServedStore]:
+    store = await serve_sqlite(tmp_path / "store.sqlite", FakeClock(), max_body_bytes=4096)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def http(served: ServedStore) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url) as client:
+        yield client
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert {"code", "message"} <= set(body["error"])
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+async def test_healthz_and_openapi_need_no_token(tmp_path: Path) -> None:
+    served = await serve_sqlite(tmp_path / "s.sqlite", FakeClock(), token=TOKEN)
+    try:
+        async with httpx.AsyncClient(base_url=served.url) as http:
+            health = await http.get("/healthz")
+            spec = (await http.get("/openapi.json")).json()
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok"
+        assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+        assert spec["paths"]["/api/v1/spans"]["post"]["security"] == [{"bearer": []}]
+        assert "/v1/traces" in spec["paths"]
+    finally:
+        await served.close()
+
+
+async def test_spec_lists_every_store_operation(http: httpx.AsyncClient) -> None:
+    spec = (await http.get("/openapi.json")).json()
+    operations = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    store_methods = {
+        "enqueue", "start_rollout", "claim", "get_rollout", "query_rollouts", "cancel", "start_attempt",
+        "update_attempt", "list_attempts", "add_spans", "query_spans", "put_resources", "get_resources",
+        "heartbeat", "list_workers", "wait", "stats",
+    }  # fmt: skip
+    assert store_methods <= operations
+
+
+async def test_missing_token_is_401_and_wrong_token_403(tmp_path: Path) -> None:
+    served = await serve_sqlite(tmp_path / "s.sqlite", FakeClock(), token=TOKEN)
+    try:
+        async with httpx.AsyncClient(base_url=served.url) as http:
+            missing = await http.get("/api/v1/stats")
+            wrong = await http.get("/api/v1/stats", headers={"Authorization": "Bearer nope"})
+            right = await http.get("/api/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert (missing.status_code, error_of(missing)["code"]) == (401, "unauthorized")
+        assert missing.headers["www-authenticate"] == "Bearer"
+        assert "Authorization: Bearer" in error_of(missing)["message"]
+        assert (wrong.status_code, error_of(wrong)["code"]) == (403, "forbidden")
+        assert right.status_code == 200
+        assert (await served.stats()).spans == 0  # the client sends its token
+        with pytest.raises(StoreServerError) as raised:
+            await ServedStore(served.server, token="nope").stats()
+        assert (raised.value.status, raised.value.code) == (403, "forbidden")
+    finally:
+        await served.close()
+
+
+def test_non_loopback_without_token_is_refused_with_the_remedy() -> None:
+    for host in ("127.0.0.1", "localhost", "::1"):
+        check_bind(host, None)
+    check_bind("0.0.0.0", TOKEN)
+    with pytest.raises(ConfigError) as raised:
+        check_bind("0.0.0.0", None)
+    assert "--token-file" in raised.value.message
+    assert "FULGOR_TOKEN" in raised.value.message
+
+
+def test_port_in_use_names_the_port_and_the_remedy() -> None:
+    taken = bind_socket("127.0.0.1", 0)
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError) as raised:
+            bind_socket("127.0.0.1", port)
+        assert f"port {port}" in raised.value.message
+        assert "--port 0" in raised.value.message
+    finally:
+        taken.close()
+
+
+async def test_store_errors_map_to_status_codes_with_error_bodies(
+    http: httpx.AsyncClient, served: ServedStore
+) -> None:
+    missing = await http.get("/api/v1/rollouts/ro-missing")
+    assert (missing.status_code, error_of(missing)["code"]) == (404, "not_found")
+
+    (rollout,) = await served.enqueue([request()])
+    (claimed,) = await served.claim("w1")
+    await served.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+    path = f"/api/v1/rollouts/{rollout.rollout_id}/attempts/{claimed.attempt.attempt_id}"
+    again = await http.patch(path, json={"status": "failed"})
+    assert (again.status_code, error_of(again)["code"]) == (409, "invalid_transition")
+    assert error_of(again)["details"]["from_status"] == "succeeded"
+    with pytest.raises(InvalidTransitionError) as raised:
+        await served.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status="failed")
+    assert (raised.value.from_status, raised.value.to_status) == ("succeeded", "failed")
+
+    bad_page = await http.get("/api/v1/rollouts", params={"limit": "-1"})
+    assert bad_page.status_code == 422
+    assert "limit" in error_of(bad_page)["message"]
+
+    unknown_route = await http.get("/api/v1/nothing-here")
+    assert (unknown_route.status_code, error_of(unknown_route)["code"]) == (404, "route_not_found")
+    with pytest.raises(NotFoundError):
+        await served.get_rollout("ro/with/slashes")
+
+
+async def test_validation_errors_name_the_field_path(http: httpx.AsyncClient) -> None:
+    bad_span = {"spans": [{"rollout_id": "r", "attempt_id": "a", "trace_id": "t", "span_id": "s"}]}
+    response = await http.post("/api/v1/spans", json=bad_span)
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["code"] == "validation_error"
+    assert "spans[0].name" in error["message"]
+    assert "spans[0].start_time" in error["message"]
+
+    not_json = await http.post(
+        "/api/v1/rollouts", content=b"{nope", headers={"Content-Type": "application/json"}
+    )
+    assert (not_json.status_code, error_of(not_json)["code"]) == (422, "validation_error")
+
+    extra = await http.post("/api/v1/rollouts/claim", json={"worker_id": "w", "surprise": 1})
+    assert "surprise" in error_of(extra)["message"]
+
+
+async def test_bodies_over_the_limit_are_413(http: httpx.AsyncClient) -> None:
+    big = {"requests": [{"input": "x" * 5000}]}
+    announced = await http.post("/api/v1/rollouts", json=big)
+    assert (announced.status_code, error_of(announced)["code"]) == (413, "payload_too_large")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(10):
+            yield b" " * 1000
+
+    streamed = await http.post("/api/v1/rollouts", content=chunks())
+    assert (streamed.status_code, error_of(streamed)["code"]) == (413, "payload_too_large")
+    assert (await http.get("/api/v1/stats")).json()["rollouts"] == {}
+
+
+async def test_a_retried_write_with_the_same_key_runs_once(http: httpx.AsyncClient) -> None:
+    headers = {"Idempotency-Key": "k-1"}
+    body = {"requests": [{"input": 1}]}
+    first = await http.post("/api/v1/rollouts", json=body, headers=headers)
+    second = await http.post("/api/v1/rollouts", json=body, headers=headers)
+    other = await http.post("/api/v1/rollouts", json=body, headers={"Idempotency-Key": "k-2"})
+    assert first.status_code == 200
+    assert second.content == first.content
+    assert other.json()[0]["rollout_id"] != first.json()[0]["rollout_id"]
+    assert len((await http.get("/api/v1/rollouts")).json()) == 2
+
+
+async def test_a_retried_claim_gets_the_same_rollout(http: httpx.AsyncClient, served: ServedStore) -> None:
+    await served.enqueue([request({"n": 1}), request({"n": 2})])
+    headers = {"Idempotency-Key": "claim-1"}
+    first = await http.post("/api/v1/rollouts/claim", json={"worker_id": "w"}, headers=headers)
+    retried = await http.post("/api/v1/rollouts/claim", json={"worker_id": "w"}, headers=headers)
+    assert retried.json() == first.json()
+    assert len(await served.query_rollouts(status="queuing")) == 1
+
+
+async def test_a_retry_arriving_during_the_first_request_waits_for_its_answer(
+    http: httpx.AsyncClient, served: ServedStore
+) -> None:
+    headers = {"Idempotency-Key": "claim-wait"}
+    body = {"worker_id": "w", "wait_seconds": 5}
+    first = asyncio.ensure_future(http.post("/api/v1/rollouts/claim", json=body, headers=headers))
+    await asyncio.sleep(0.2)
+    second = asyncio.ensure_future(http.post("/api/v1/rollouts/claim", json=body, headers=headers))
+    await asyncio.sleep(0.2)
+    await served.enqueue([request()])
+    one, two = await asyncio.gather(first, second)
+    assert len(one.json()) == 1
+    assert two.json() == one.json()
+
+
+async def test_long_polls_are_capped_and_the_client_loops(tmp_path: Path) -> None:
+    served = await serve_sqlite(tmp_path / "s.sqlite", time.time, max_wait_seconds=0.2)
+    try:
+        started = time.monotonic()
+        assert await served.claim("w", wait_seconds=0.7) == []
+        assert 0.6 < time.monotonic() - started < 5
+
+        async def enqueue_later() -> None:
+            await asyncio.sleep(0.5)
+            await served.enqueue([request()])
+
+        claimed, _ = await asyncio.gather(served.claim("w", wait_seconds=10), enqueue_later())
+        assert len(claimed) == 1
+    finally:
+        await served.close()
+
+
+async def test_stopping_the_server_answers_held_long_polls_at_once(tmp_path: Path) -> None:
+    server = BackgroundServer(create_app(ServerConfig(store=MemoryStore())))
+    await asyncio.to_thread(server.start)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        held = asyncio.ensure_future(
+            http.post("/api/v1/rollouts/claim", json={"worker_id": "w", "wait_seconds": 25})
+        )
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await server.astop()
+        response = await held
+    assert response.json() == []
+    assert time.monotonic() - started < 5
+
+
+async def test_spans_in_one_batch(tmp_path: Path) -> None:
+    served = await serve_sqlite(tmp_path / "s.sqlite", time.time)
+    try:
+        await served.enqueue([request()])
+        (claimed,) = await served.claim("w")
+        batch = [span(claimed.rollout_id, claimed.attempt.attempt_id, name=f"s{i}") for i in range(500)]
+        stored = await served.add_spans(batch)
+        assert [s.sequence_id for s in stored] == list(range(1, 501))
+        assert await served.add_spans(batch) == stored
+        assert (await served.stats()).spans == 500
+    finally:
+        await served.close()
+
+
+def test_spec_is_valid_json_with_component_refs() -> None:
+    spec = create_app(ServerConfig(store=MemoryStore())).openapi()
+    text = json.dumps(spec)
+    refs = {part.split('"')[0] for part in text.split('"#/components/schemas/')[1:]}
+    assert refs <= set(spec["components"]["schemas"])
