@@ -1,0 +1,99 @@
+"""``fulgor gateway``: the model-call gateway on its own, in front of one or more engine replicas.
+
+``fulgor gateway --store http://HOST:PORT --upstream http://127.0.0.1:8000/v1 [--upstream ...]``
+prints ``http://HOST:PORT`` once the port is bound; agents then use
+``http://HOST:PORT/r/{rollout_id}/{attempt_id}/v1`` as their OpenAI base URL. The run's key comes
+from ``--token-file`` or ``$FULGOR_TOKEN``; without one the gateway binds to loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from pathlib import Path
+from typing import Any
+
+from fulgor.errors import ConfigError, FulgorError
+
+DEFAULT_PORT = 8475
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "gateway", help="serve per-rollout OpenAI/Anthropic URLs that record model calls"
+    )
+    parser.add_argument(
+        "--store", required=True, help="store URL: http://HOST:PORT of fulgor serve, or sqlite:///PATH"
+    )
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        help="engine base URL ending in /v1 (repeat for replicas)",
+    )
+    parser.add_argument("--upstream-api-key", help="API key sent to the upstreams (not the agents' key)")
+    parser.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="do not ask upstreams for token ids (APIs that reject vLLM fields); calls are flagged",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)"
+    )
+    parser.add_argument("--token-file", type=Path, help="file holding the run's key (else $FULGOR_TOKEN)")
+    parser.add_argument("--model-version", help="model version recorded on calls whose upstream names none")
+    parser.set_defaults(handler=_run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from fulgor.cli.serve import resolve_token
+        from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
+        from fulgor.gateway.serving import bind_socket
+        from fulgor.store.sync import open_store
+
+        key = resolve_token(args.token_file)
+        if key is None and not is_loopback(args.host):
+            raise ConfigError(
+                f"binding to {args.host} needs the run's key: pass --token-file or set FULGOR_TOKEN"
+            )
+        upstreams = [
+            Upstream(url, api_key=args.upstream_api_key, request_token_ids=not args.no_token_ids)
+            for url in args.upstream
+        ]
+        config = GatewayConfig(api_key=key, model_version=args.model_version)
+        store = open_store(args.store)
+        sock = _bind(bind_socket, args.host, args.port)
+    except (FulgorError, ImportError) as error:
+        print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
+        return 2
+    app = create_gateway_app(store, upstreams, config)
+    host, port = sock.getsockname()[:2]
+    print(f"http://{host}:{port}", flush=True)
+    _serve(app, sock, access_log=args.verbose)
+    return 0
+
+
+def _bind(bind_socket: Any, host: str, port: int) -> Any:
+    try:
+        return bind_socket(host, port)
+    except OSError as error:
+        raise ConfigError(f"cannot bind {host}:{port} ({error.strerror}); pick another --port or 0") from None
+
+
+def _serve(app: Any, sock: Any, *, access_log: bool) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=access_log)
+    uvicorn.Server(config).run(sockets=[sock])

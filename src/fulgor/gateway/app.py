@@ -1,0 +1,363 @@
+"""Gateway: the ASGI app behind ``/r/{rollout_id}/{attempt_id}/v1`` that records every model call.
+
+Routes (all under one base URL per attempt, see DESIGN.md "Gateway URLs"):
+``POST .../v1/chat/completions``, ``POST .../v1/completions``, ``GET .../v1/models`` (OpenAI) and
+``POST .../v1/messages`` (Anthropic Messages, translated to chat completions). Admin:
+``GET /gateway/state``, ``POST /gateway/pause``, ``POST /gateway/resume``.
+
+The hot path parses the request once, forwards it with the token id request added, and passes the
+upstream's bytes back unchanged (OpenAI) or translated (Anthropic). The response is recorded after
+it is sent, by :class:`~fulgor.gateway.recorder.Recorder`, off the response path. The app is a plain
+ASGI callable, so ``fulgor serve`` can route ``/r/`` and ``/gateway/`` to it; it then calls
+:meth:`Gateway.start` and :meth:`Gateway.close` from its own lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+import time
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+import orjson
+
+from fulgor.gateway import anthropic
+from fulgor.gateway.config import GatewayConfig, Upstream
+from fulgor.gateway.errors import (
+    BadRequestError,
+    GatewayError,
+    GatewayPausedError,
+    RolloutNotFoundError,
+    UnauthorizedError,
+)
+from fulgor.gateway.extract import Endpoint
+from fulgor.gateway.http import HttpClient
+from fulgor.gateway.proxy import CallContext, forward_call
+from fulgor.gateway.recorder import CallRecord, Recorder
+from fulgor.gateway.rollouts import RolloutGuard
+from fulgor.gateway.upstreams import UpstreamPool
+from fulgor.store.base import Store
+
+__all__ = ["Gateway", "create_gateway_app"]
+
+logger = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Any
+Send = Any
+
+_ENDPOINTS: dict[str, Endpoint] = {
+    "chat/completions": "chat",
+    "completions": "completions",
+    "messages": "chat",
+}
+
+
+def create_gateway_app(
+    store: Store, upstreams: Sequence[Upstream | str], config: GatewayConfig | None = None
+) -> Gateway:
+    """The gateway as an ASGI app; upstreams may be given as base URLs."""
+    replicas = [u if isinstance(u, Upstream) else Upstream(u) for u in upstreams]
+    return Gateway(store, replicas, config or GatewayConfig())
+
+
+class Gateway:
+    """ASGI app: per-rollout OpenAI/Anthropic endpoints, recording, pause/drain; see module docstring."""
+
+    def __init__(self, store: Store, upstreams: Sequence[Upstream], config: GatewayConfig) -> None:
+        self.config = config
+        self.store = store
+        self._client = HttpClient(
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            read_timeout_seconds=config.read_timeout_seconds,
+        )
+        self.upstreams = UpstreamPool(
+            upstreams,
+            self._client,
+            max_retries=config.max_retries,
+            retry_backoff_seconds=config.retry_backoff_seconds,
+        )
+        self.recorder = Recorder(
+            store, queue_size=config.record_queue_size, batch_size=config.record_batch_size
+        )
+        self._guard = RolloutGuard(store, config.rollout_cache_seconds) if config.check_rollouts else None
+        self._api_key = config.api_key.encode() if config.api_key else None
+        self.model_version = config.model_version
+        self.paused = False
+        self.retry_after_seconds = config.retry_after_seconds
+        self.in_flight = 0
+        self._idle: asyncio.Event | None = None
+        self._started = False
+
+    # -- lifecycle and admin (Python API) ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the recorder; called by the ASGI lifespan or, failing that, by the first call."""
+        if not self._started:
+            self._started = True
+            self._idle = asyncio.Event()
+            self._idle.set()
+            self.recorder.start()
+
+    async def close(self) -> None:
+        """Write what is still queued, then close upstream connections."""
+        await self.recorder.close()
+        await self._client.close()
+        self._started = False
+
+    def pause(self, retry_after_seconds: float | None = None) -> None:
+        """New calls get 429 with Retry-After; calls in flight go on (see :meth:`drain`)."""
+        self.paused = True
+        if retry_after_seconds is not None:
+            self.retry_after_seconds = retry_after_seconds
+        logger.info("gateway paused with %d calls in flight", self.in_flight)
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """Wait until no call is in flight; False when ``timeout_seconds`` passed first."""
+        if self._idle is None or self._idle.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def resume(self, model_version: str | None = None) -> None:
+        """Take calls again; ``model_version`` is recorded on calls whose upstream names none."""
+        if model_version is not None:
+            self.model_version = model_version
+        self.paused = False
+        logger.info("gateway resumed (model version %s)", self.model_version)
+
+    def state(self) -> JsonDict:
+        stats = self.recorder.stats
+        return {
+            "paused": self.paused,
+            "in_flight": self.in_flight,
+            "retry_after_seconds": self.retry_after_seconds,
+            "model_version": self.model_version,
+            "upstreams": [u.url for u in self.upstreams.upstreams],
+            "recorder": {
+                "pending": stats.pending,
+                "written": stats.written,
+                "dropped": stats.dropped,
+                "store_retries": stats.store_retries,
+                "token_ids_missing": stats.token_ids_missing,
+            },
+        }
+
+    # -- ASGI -------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._started:
+            await self.start()
+        path: str = scope["path"]
+        try:
+            if path.startswith("/r/"):
+                await self._rollout_route(scope, receive, send, path)
+            elif path.startswith("/gateway/"):
+                await self._admin_route(scope, receive, send, path)
+            else:
+                raise RolloutNotFoundError(
+                    f"no route {path}; model calls go to /r/ROLLOUT_ID/ATTEMPT_ID/v1/..."
+                )
+        except GatewayError as error:
+            await _send_error(send, error, anthropic_api=path.endswith("/messages"))
+
+    async def _rollout_route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        parts = path.split("/", 5)
+        if len(parts) < 6 or parts[4] != "v1":
+            raise RolloutNotFoundError(f"no route {path}; model calls go to /r/ROLLOUT_ID/ATTEMPT_ID/v1/...")
+        rollout_id, attempt_id, rest = parts[2], parts[3], parts[5].rstrip("/")
+        self._authorize(scope)
+        method = scope["method"]
+        if method == "GET" and rest == "models":
+            await self._check_rollout(rollout_id, attempt_id)
+            await self._models(send, rollout_id)
+        elif method == "POST" and rest in _ENDPOINTS:
+            await self._call(scope, receive, send, rollout_id, attempt_id, rest)
+        else:
+            raise RolloutNotFoundError(
+                f"no route {method} /v1/{rest}; the gateway serves chat/completions, completions, "
+                "models and messages"
+            )
+
+    async def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+        if self._guard is not None:
+            await self._guard.check(rollout_id, attempt_id)
+
+    def _authorize(self, scope: Scope) -> None:
+        if self._api_key is None:
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                value = value[7:].strip()
+            elif name != b"x-api-key":
+                continue
+            if hmac.compare_digest(value, self._api_key):
+                return
+        raise UnauthorizedError(
+            "this gateway needs the run's key: send it as the API key (Authorization: Bearer)"
+        )
+
+    async def _models(self, send: Send, rollout_id: str) -> None:
+        response, _ = await self.upstreams.send(rollout_id, "GET", "/models")
+        body = await response.read()
+        await _send_bytes(
+            send, response.status, body, response.headers.get("content-type", "application/json")
+        )
+
+    async def _call(
+        self, scope: Scope, receive: Receive, send: Send, rollout_id: str, attempt_id: str, route: str
+    ) -> None:
+        if self.paused:
+            raise GatewayPausedError(
+                "the gateway is paused while weights update; retry later", self.retry_after_seconds
+            )
+        await self._check_rollout(rollout_id, attempt_id)
+        request = _parse_object(await _read_body(receive))
+        is_anthropic = route == "messages"
+        upstream_request = anthropic.request_to_chat(request) if is_anthropic else request
+        record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
+        _read_call_headers(scope, record)
+        record.model_version = self.model_version
+        await self.recorder.reserve()
+        self._enter()
+        try:
+            context = CallContext(record, is_anthropic, request.get("model"), receive, send)
+            await forward_call(self.upstreams, context)
+        finally:
+            self._leave()
+            self.recorder.submit(record)
+
+    def _enter(self) -> None:
+        self.in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def _admin_route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        self._authorize(scope)
+        method = scope["method"]
+        body = _parse_object(await _read_body(receive)) if method == "POST" else {}
+        if method == "GET" and path == "/gateway/state":
+            pass
+        elif method == "POST" and path == "/gateway/pause":
+            self.pause(_number(body, "retry_after_seconds"))
+            drain_timeout = _number(body, "drain_timeout_seconds")
+            if drain_timeout is not None:
+                drained = await self.drain(drain_timeout)
+                await _send_json(send, 200, {**self.state(), "drained": drained})
+                return
+        elif method == "POST" and path == "/gateway/resume":
+            version = body.get("model_version")
+            self.resume(None if version is None else str(version))
+        else:
+            raise RolloutNotFoundError(f"no admin route {method} {path}; see /gateway/state, /pause, /resume")
+        await _send_json(send, 200, self.state())
+
+
+def _read_call_headers(scope: Scope, record: CallRecord) -> None:
+    for name, value in scope["headers"]:
+        if name == b"x-fulgor-agent":
+            record.agent_name = value.decode("utf-8", "replace")
+        elif name == b"traceparent":
+            parts = value.decode("latin-1").split("-")
+            if len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+                record.trace_id, record.parent_id = parts[1], parts[2]
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    while message.get("more_body"):
+        message = await receive()
+        body += message.get("body", b"")
+    return body
+
+
+def _parse_object(body: bytes) -> JsonDict:
+    if not body:
+        return {}
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadRequestError(f"the request body is not valid JSON ({error}); send a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return parsed
+
+
+def _number(body: JsonDict, key: str) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or value < 0:
+        raise BadRequestError(f"{key} must be a number >= 0")
+    return float(value)
+
+
+async def _send_bytes(
+    send: Send, status: int, body: bytes, content_type: str, extra: Sequence[Any] = ()
+) -> None:
+    headers = [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, payload: JsonDict) -> None:
+    await _send_bytes(send, status, orjson.dumps(payload), "application/json")
+
+
+async def _send_error(send: Send, error: GatewayError, *, anthropic_api: bool) -> None:
+    if anthropic_api:
+        payload: JsonDict = {
+            "type": "error",
+            "error": {"type": _anthropic_type(error.status), "message": error.message},
+        }
+    else:
+        payload = {"error": {"code": error.code, "message": error.message, "type": error.code}}
+    extra = []
+    if isinstance(error, GatewayPausedError):
+        extra.append((b"retry-after", str(max(1, math.ceil(error.retry_after_seconds))).encode()))
+    await _send_bytes(send, error.status, orjson.dumps(payload), "application/json", extra)
+
+
+def _anthropic_type(status: int) -> str:
+    return {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        409: "invalid_request_error",
+        429: "rate_limit_error",
+    }.get(status, "api_error")

@@ -1,0 +1,68 @@
+"""GatewayConfig and Upstream: what the gateway needs to know, as plain typed values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from fulgor.errors import ConfigError
+
+__all__ = ["GatewayConfig", "Upstream"]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One OpenAI-compatible replica: the local engine, a vLLM server or any OpenAI-compatible URL.
+
+    ``url`` is its base URL, ending in ``/v1``. ``request_token_ids`` asks it for vLLM's token id
+    fields (``return_token_ids``); turn it off for APIs that reject unknown fields; their calls are
+    then recorded with ``token_ids_missing``. ``api_key`` is sent upstream instead of the agent's key.
+    """
+
+    url: str
+    api_key: str | None = None
+    request_token_ids: bool = True
+    scheme: str = field(init=False)
+    host: str = field(init=False)
+    port: int = field(init=False)
+    base_path: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"upstream URL {self.url!r} is not http(s)://HOST[:PORT]/v1; pass the base URL")
+        object.__setattr__(self, "scheme", parts.scheme)
+        object.__setattr__(self, "host", parts.hostname)
+        object.__setattr__(self, "port", parts.port or (443 if parts.scheme == "https" else 80))
+        object.__setattr__(self, "base_path", parts.path.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """How the gateway behaves; every field has a default that suits one machine.
+
+    ``api_key``: the run's key; when set, every call must carry it (``Authorization: Bearer`` or
+    ``x-api-key``). ``check_rollouts``: refuse URLs of unknown (404) or ended (409) attempts; a
+    positive check is cached for ``rollout_cache_seconds``. Upstream calls are retried
+    ``max_retries`` times on connection errors and 429/502/503/504, waiting
+    ``retry_backoff_seconds`` doubled each time. At most ``record_queue_size`` calls wait to be
+    written; beyond that new calls wait (backpressure). Spans are written ``record_batch_size`` at
+    a time, after waiting up to ``record_linger_seconds`` for a batch to fill.
+    """
+
+    api_key: str | None = None
+    check_rollouts: bool = True
+    rollout_cache_seconds: float = 2.0
+    max_retries: int = 3
+    retry_backoff_seconds: float = 0.2
+    connect_timeout_seconds: float = 10.0
+    read_timeout_seconds: float = 600.0
+    record_queue_size: int = 4096
+    record_batch_size: int = 256
+    record_linger_seconds: float = 0.01
+    retry_after_seconds: float = 2.0
+    model_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0 or self.record_queue_size < 1 or self.record_batch_size < 1:
+            raise ConfigError("max_retries must be >= 0 and record_queue_size, record_batch_size >= 1")

@@ -1,0 +1,285 @@
+"""Recorder: turns finished calls into ``fulgor.model_call`` spans, written off the response path.
+
+A call reserves a slot before it goes upstream and hands its :class:`CallRecord` over when it ends;
+a background task parses the response, builds one span per choice and writes spans to the store in
+batches (waiting ``linger_seconds`` for a batch to fill, so a store that commits per write, such as
+SQLite, commits once for many calls even under light load). Slots are released only once their
+spans are written, so a slow store makes new calls wait for a slot (backpressure) instead of
+growing memory. A batch the store refuses is retried span by span, transient failures with
+backoff; a span that still cannot be written is counted in ``dropped`` and logged with its rollout
+and attempt ids, never lost silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from fulgor import semconv
+from fulgor.errors import FulgorError
+from fulgor.gateway.extract import ChoiceRecord, Endpoint, SseParser, StreamAccumulator, choices_from_body
+from fulgor.store.base import Store
+from fulgor.types import ModelCall, Span, SpanStatus
+
+__all__ = ["CallRecord", "Recorder", "RecorderStats"]
+
+logger = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+
+
+@dataclass
+class CallRecord:
+    """One call as the gateway saw it, before parsing (parsing happens off the response path)."""
+
+    rollout_id: str
+    attempt_id: str
+    endpoint: Endpoint
+    request: JsonDict
+    start_time: float
+    replica: str | None = None
+    status: int | None = None
+    body: bytes | None = None
+    stream_chunks: list[bytes] | None = None
+    error: str | None = None
+    end_time: float | None = None
+    latency_seconds: float | None = None
+    agent_name: str | None = None
+    trace_id: str | None = None
+    parent_id: str | None = None
+    model_version: str | None = None
+
+
+@dataclass
+class RecorderStats:
+    pending: int = 0
+    written: int = 0
+    dropped: int = 0
+    store_retries: int = 0
+    token_ids_missing: int = 0
+
+
+@dataclass
+class _Batch:
+    spans: list[Span] = field(default_factory=list)
+    slots: int = 0
+
+
+class Recorder:
+    """Bounded, batched span writer; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        queue_size: int = 4096,
+        batch_size: int = 256,
+        linger_seconds: float = 0.01,
+        max_write_attempts: int = 5,
+    ) -> None:
+        self._store = store
+        self._linger = linger_seconds
+        self._slots = asyncio.Semaphore(queue_size)
+        self._queue: asyncio.Queue[CallRecord] = asyncio.Queue()
+        self._batch_size = batch_size
+        self._max_write_attempts = max_write_attempts
+        self._task: asyncio.Task[None] | None = None
+        self._missing_warned: set[str | None] = set()
+        self.stats = RecorderStats()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="fulgor-gateway-recorder")
+
+    async def reserve(self) -> None:
+        """Wait for a free slot; every reserve is followed by exactly one :meth:`submit`."""
+        await self._slots.acquire()
+
+    def submit(self, record: CallRecord) -> None:
+        self.stats.pending += 1
+        self._queue.put_nowait(record)
+
+    async def flushed(self) -> None:
+        """Wait until every submitted call has been written (or counted as dropped)."""
+        await self._queue.join()
+
+    async def close(self, timeout_seconds: float = 30.0) -> None:
+        """Write what is queued (waiting up to ``timeout_seconds``), then stop."""
+        if self._task is None:
+            return
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self._queue.join()
+        except TimeoutError:
+            left = self._queue.qsize()
+            self.stats.dropped += left
+            logger.error("gateway recorder closed with %d calls unwritten after %.0fs", left, timeout_seconds)
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            records = [await self._queue.get()]
+            if self._linger and self._queue.qsize() < self._batch_size - 1:
+                await asyncio.sleep(self._linger)
+            while len(records) < self._batch_size and not self._queue.empty():
+                records.append(self._queue.get_nowait())
+            try:
+                await self._write(self._build(records))
+            finally:
+                for _ in records:
+                    self._slots.release()
+                    self._queue.task_done()
+                self.stats.pending -= len(records)
+
+    def _build(self, records: list[CallRecord]) -> list[Span]:
+        spans: list[Span] = []
+        for record in records:
+            try:
+                spans.extend(self.spans_for(record))
+            except Exception:
+                self.stats.dropped += 1
+                logger.exception(
+                    "could not build the model call span of rollout %s attempt %s; it is dropped",
+                    record.rollout_id,
+                    record.attempt_id,
+                )
+        return spans
+
+    def spans_for(self, record: CallRecord) -> list[Span]:
+        """The spans of one call: one per sampled choice, or one that records the error."""
+        choices = _choices(record) if record.error is None else []
+        if not choices:
+            error = record.error or _error_text(record)
+            return [self._span(record, ModelCall(request=record.request, response={}, error=error), 0)]
+        calls = [self._model_call(record, choice) for choice in choices]
+        return [self._span(record, call, index) for index, call in enumerate(calls)]
+
+    def _model_call(self, record: CallRecord, choice: ChoiceRecord) -> ModelCall:
+        missing = choice.prompt_token_ids is None or choice.response_token_ids is None
+        logprobs = choice.response_logprobs
+        if missing or (logprobs is not None and len(logprobs) != len(choice.response_token_ids or ())):
+            logprobs = None
+        if missing:
+            self._note_missing(record.replica)
+        return ModelCall(
+            request=record.request,
+            response=choice.response,
+            prompt_token_ids=None if missing else choice.prompt_token_ids,
+            response_token_ids=None if missing else choice.response_token_ids,
+            response_logprobs=logprobs,
+            token_ids_missing=missing,
+            engine_replica=record.replica,
+            model_version=choice.model_version or record.model_version,
+            latency_seconds=record.latency_seconds,
+            agent_name=record.agent_name,
+        )
+
+    def _note_missing(self, replica: str | None) -> None:
+        self.stats.token_ids_missing += 1
+        if replica not in self._missing_warned:
+            self._missing_warned.add(replica)
+            logger.warning(
+                "upstream %s returned no token ids; its calls are recorded with token_ids_missing and "
+                "will not be trained on (serve with vLLM >= 0.10.2 or fulgor's engine)",
+                replica,
+            )
+
+    def _span(self, record: CallRecord, call: ModelCall, index: int) -> Span:
+        attributes: JsonDict = {
+            semconv.ATTR_MODEL_CALL: call.model_dump(mode="json"),
+            semconv.ATTR_TOKEN_IDS_MISSING: call.token_ids_missing,
+        }
+        if record.agent_name:
+            attributes[semconv.ATTR_AGENT_NAME] = record.agent_name
+        return Span(
+            rollout_id=record.rollout_id,
+            attempt_id=record.attempt_id,
+            trace_id=record.trace_id or os.urandom(16).hex(),
+            span_id=os.urandom(8).hex(),
+            parent_id=record.parent_id,
+            name=semconv.SPAN_MODEL_CALL,
+            start_time=record.start_time,
+            end_time=max(record.end_time or record.start_time, record.start_time),
+            attributes=attributes,
+            status=SpanStatus(code="error", message=call.error) if call.error else SpanStatus(code="ok"),
+            resource={
+                semconv.RESOURCE_ROLLOUT_ID: record.rollout_id,
+                semconv.RESOURCE_ATTEMPT_ID: record.attempt_id,
+            },
+        )
+
+    async def _write(self, spans: list[Span]) -> None:
+        if not spans:
+            return
+        try:
+            await self._store.add_spans(spans)
+            self.stats.written += len(spans)
+            return
+        except Exception as error:
+            logger.warning("writing %d model call spans failed (%s); retrying one by one", len(spans), error)
+        for span in spans:
+            await self._write_one(span)
+
+    async def _write_one(self, span: Span) -> None:
+        delay = 0.1
+        for attempt in range(1, self._max_write_attempts + 1):
+            try:
+                await self._store.add_spans([span])
+                self.stats.written += 1
+                return
+            except FulgorError as error:
+                self.stats.dropped += 1
+                logger.error(
+                    "the store refused a model call span of rollout %s attempt %s (%s: %s); it is dropped",
+                    span.rollout_id,
+                    span.attempt_id,
+                    error.code,
+                    error.message,
+                )
+                return
+            except Exception as error:
+                if attempt == self._max_write_attempts:
+                    self.stats.dropped += 1
+                    logger.error(
+                        "a model call span of rollout %s attempt %s could not be written after %d tries "
+                        "(%s); it is dropped",
+                        span.rollout_id,
+                        span.attempt_id,
+                        attempt,
+                        error,
+                    )
+                    return
+                self.stats.store_retries += 1
+                await asyncio.sleep(delay)
+                delay *= 2
+
+
+def _choices(record: CallRecord) -> list[ChoiceRecord]:
+    if record.status != 200:
+        return []
+    if record.stream_chunks is not None:
+        parser = SseParser()
+        accumulator = StreamAccumulator(record.endpoint)
+        for chunk in record.stream_chunks:
+            for event in parser.feed(chunk):
+                accumulator.add(event)
+        return accumulator.records()
+    if not record.body:
+        return []
+    body = orjson.loads(record.body)
+    return choices_from_body(record.endpoint, body) if isinstance(body, dict) else []
+
+
+def _error_text(record: CallRecord) -> str:
+    if record.status != 200 and record.body:
+        return f"upstream answered {record.status}: {record.body[:500].decode('utf-8', 'replace')}"
+    return f"upstream answered {record.status} with no choices"

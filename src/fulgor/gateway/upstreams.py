@@ -1,0 +1,98 @@
+"""UpstreamPool: picks a replica per rollout, injects the token id request, retries transient errors.
+
+All calls of one rollout go to one replica (the rollout id hashed over the replicas), so a
+multi-turn agent reuses that replica's prefix cache. A connection failure moves the call to the
+next replica; a 429/502/503/504 answer is retried on the same one; both wait
+``retry_backoff_seconds``, doubled after every try, up to ``max_retries`` retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from fulgor.gateway.config import Upstream
+from fulgor.gateway.errors import UpstreamError
+from fulgor.gateway.http import HttpClient, UpstreamResponse
+
+__all__ = ["UpstreamPool", "with_token_id_request"]
+
+logger = logging.getLogger(__name__)
+
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+_CONNECT_ERRORS = (OSError, asyncio.IncompleteReadError, TimeoutError)
+
+
+def with_token_id_request(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """A copy of the request that also asks for vLLM token ids and the sampled tokens' logprobs."""
+    upstream = {**request, "return_token_ids": True}
+    if endpoint == "chat":
+        upstream["logprobs"] = True
+    elif request.get("logprobs") is None:
+        upstream["logprobs"] = 0
+    return upstream
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        upstreams: Sequence[Upstream],
+        client: HttpClient,
+        *,
+        max_retries: int = 3,
+        retry_backoff_seconds: float = 0.2,
+    ) -> None:
+        if not upstreams:
+            raise ValueError("the gateway needs at least one upstream")
+        self.upstreams = tuple(upstreams)
+        self._client = client
+        self._max_retries = max_retries
+        self._backoff = retry_backoff_seconds
+        self._headers = {u.url: _headers(u) for u in self.upstreams}
+
+    def replica_for(self, rollout_id: str) -> int:
+        """The index of the rollout's replica: stable across calls and processes."""
+        if len(self.upstreams) == 1:
+            return 0
+        return zlib.crc32(rollout_id.encode()) % len(self.upstreams)
+
+    async def send(
+        self, rollout_id: str, method: str, suffix: str, body: bytes = b""
+    ) -> tuple[UpstreamResponse, Upstream]:
+        """Send to the rollout's replica, retrying as the module docstring says."""
+        index = self.replica_for(rollout_id)
+        delay = self._backoff
+        last_error = "no attempt made"
+        for attempt in range(self._max_retries + 1):
+            upstream = self.upstreams[index % len(self.upstreams)]
+            key = (upstream.scheme, upstream.host, upstream.port)
+            try:
+                response = await self._client.request(
+                    method, key, upstream.base_path + suffix, self._headers[upstream.url], body
+                )
+            except _CONNECT_ERRORS as error:
+                last_error = f"{upstream.url}: {type(error).__name__}: {error}"
+                index += 1
+            else:
+                if response.status not in _RETRY_STATUSES or attempt == self._max_retries:
+                    return response, upstream
+                last_error = f"{upstream.url} answered {response.status}"
+                await response.read()
+            if attempt < self._max_retries:
+                logger.warning("upstream call failed (%s); retrying in %.2fs", last_error, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise UpstreamError(
+            f"no upstream answered after {self._max_retries + 1} tries (last: {last_error}); "
+            "check that the engine is running at the upstream URL"
+        )
+
+
+def _headers(upstream: Upstream) -> str:
+    lines = "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+    if upstream.api_key:
+        lines += f"Authorization: Bearer {upstream.api_key}\r\n"
+    return lines

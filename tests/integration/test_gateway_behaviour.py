@@ -1,0 +1,216 @@
+"""The gateway's guarantees: rollout checks, auth, pause/drain, missing ids, retries, routing,
+cancellation on disconnect, backpressure from a slow store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import httpx
+import openai
+import pytest
+from gateway_support import assert_matches, gateway_env
+
+from fulgor import semconv
+from fulgor.gateway import GatewayConfig
+from fulgor.gateway.serving import bind_socket
+from fulgor.store.memory import MemoryStore
+from fulgor.testing import ScriptedOpenAIServer, ScriptedReply
+from fulgor.types import Span
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[ScriptedOpenAIServer]:
+    async with ScriptedOpenAIServer() as server:
+        yield server
+
+
+async def test_unknown_and_finished_rollouts_are_refused_with_a_clear_message(
+    upstream: ScriptedOpenAIServer,
+) -> None:
+    async with gateway_env([upstream.url], GatewayConfig(rollout_cache_seconds=0)) as env:
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient() as http:
+            unknown = await http.post(f"{env.url}/r/nope/nope/v1/chat/completions", json=CHAT)
+            assert unknown.status_code == 404
+            assert unknown.json()["error"]["code"] == "rollout_not_found"
+            assert "does not exist" in unknown.json()["error"]["message"]
+            other = await http.post(f"{env.url}/r/{rollout.rollout_id}/other/v1/chat/completions", json=CHAT)
+            assert other.status_code == 404
+            await env.store.update_attempt(rollout.rollout_id, rollout.attempt.attempt_id, status="succeeded")
+            finished = await http.post(f"{base_url}/chat/completions", json=CHAT)
+            assert finished.status_code == 409
+            assert "has ended (succeeded)" in finished.json()["error"]["message"]
+            lost = await http.post(f"{env.url}/elsewhere", json=CHAT)
+            assert lost.status_code == 404
+    assert upstream.requests == []
+
+
+async def test_the_run_key_is_required_when_set(upstream: ScriptedOpenAIServer) -> None:
+    async with gateway_env([upstream.url], GatewayConfig(api_key="s3cret")) as env:
+        rollout, base_url = await env.rollout()
+        with pytest.raises(openai.AuthenticationError, match="run's key"):
+            await openai.AsyncOpenAI(base_url=base_url, api_key="wrong").chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        reply = await openai.AsyncOpenAI(base_url=base_url, api_key="s3cret").chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        assert reply.choices[0].message.content == "ok"
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"{env.url}/gateway/state")).status_code == 401
+        await env.calls(rollout, 1)
+    assert "s3cret" not in str(upstream.request_headers)
+
+
+async def test_pause_refuses_new_calls_and_drains_the_ones_in_flight() -> None:
+    async with (
+        ScriptedOpenAIServer(delay_seconds=0.3) as upstream,
+        gateway_env([upstream.url], GatewayConfig(retry_after_seconds=3)) as env,
+    ):
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient(timeout=10) as http:
+            in_flight = asyncio.create_task(http.post(f"{base_url}/chat/completions", json=CHAT))
+            for _ in range(500):
+                if env.gateway.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            pause = asyncio.create_task(
+                http.post(f"{env.url}/gateway/pause", json={"drain_timeout_seconds": 5})
+            )
+            await asyncio.sleep(0.05)
+            refused = await http.post(f"{base_url}/chat/completions", json=CHAT)
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "3"
+            assert refused.json()["error"]["code"] == "gateway_paused"
+            state = (await http.get(f"{env.url}/gateway/state")).json()
+            assert state["paused"] is True
+            assert state["in_flight"] == 1
+            drained = (await pause).json()
+            assert drained["drained"] is True
+            assert drained["in_flight"] == 0
+            assert (await in_flight).status_code == 200
+            resumed = (await http.post(f"{env.url}/gateway/resume", json={"model_version": "7"})).json()
+            assert resumed["paused"] is False
+            assert (await http.post(f"{base_url}/chat/completions", json=CHAT)).status_code == 200
+        calls = await env.calls(rollout, 2)
+        assert [call.model_version for call in calls] == [None, "7"]
+
+
+async def test_calls_without_token_ids_are_flagged() -> None:
+    async with (
+        ScriptedOpenAIServer(supports_token_ids=False) as upstream,
+        gateway_env([upstream.url]) as env,
+    ):
+        rollout, base_url = await env.rollout()
+        reply = await openai.AsyncOpenAI(base_url=base_url, api_key="x").chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        assert reply.choices[0].message.content == "ok"
+        [call] = await env.calls(rollout, 1)
+        assert call.token_ids_missing
+        assert call.prompt_token_ids is None
+        assert call.response_token_ids is None
+        [span] = await env.store.query_spans(rollout.rollout_id)
+        assert span.attributes[semconv.ATTR_TOKEN_IDS_MISSING] is True
+        assert env.gateway.state()["recorder"]["token_ids_missing"] == 1
+
+
+async def test_transient_upstream_errors_are_retried(upstream: ScriptedOpenAIServer) -> None:
+    upstream.fail_next(2, status=503)
+    async with gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        reply = await openai.AsyncOpenAI(
+            base_url=base_url, api_key="x", max_retries=0
+        ).chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        assert reply.choices[0].message.content == "ok"
+        [call] = await env.calls(rollout, 1)
+        assert_matches(call, upstream.samples[0])
+    assert len(upstream.requests) == 3
+
+
+async def test_a_dead_replica_fails_over_and_rollouts_stick_to_one_replica() -> None:
+    dead = bind_socket("127.0.0.1", 0)
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}/v1"
+    dead.close()
+    async with ScriptedOpenAIServer() as first, ScriptedOpenAIServer() as second:
+        async with gateway_env([first.url, second.url]) as env:
+            rollouts = [await env.rollout() for _ in range(6)]
+            for _, base_url in rollouts:
+                client = openai.AsyncOpenAI(base_url=base_url, api_key="x")
+                for _ in range(3):
+                    await client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+            for rollout, _ in rollouts:
+                calls = await env.calls(rollout, 3)
+                assert len({call.engine_replica for call in calls}) == 1
+            assert first.requests
+            assert second.requests
+        async with gateway_env([dead_url, first.url]) as env:
+            rollout, base_url = await env.rollout()
+            await openai.AsyncOpenAI(base_url=base_url, api_key="x").chat.completions.create(**CHAT)  # type: ignore[call-overload]
+            [call] = await env.calls(rollout, 1)
+            assert call.engine_replica == first.url
+
+
+async def test_no_upstream_answering_gives_502_and_a_recorded_error() -> None:
+    dead = bind_socket("127.0.0.1", 0)
+    dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}/v1"
+    dead.close()
+    async with gateway_env([dead_url], GatewayConfig(max_retries=1, retry_backoff_seconds=0.01)) as env:
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient() as http:
+            response = await http.post(f"{base_url}/chat/completions", json=CHAT)
+        assert response.status_code == 502
+        assert "check that the engine is running" in response.json()["error"]["message"]
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "no upstream answered" in call.error
+
+
+async def test_an_agent_that_disconnects_cancels_the_upstream_call() -> None:
+    async with (
+        ScriptedOpenAIServer(
+            default_reply=ScriptedReply(text="x" * 200), token_delay_seconds=0.02
+        ) as upstream,
+        gateway_env([upstream.url]) as env,
+    ):
+        rollout, base_url = await env.rollout()
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x")
+        stream = await client.chat.completions.create(stream=True, **CHAT)  # type: ignore[call-overload]
+        seen = 0
+        async for _ in stream:
+            seen += 1
+            if seen == 5:
+                break
+        await stream.close()
+        for _ in range(200):
+            if upstream.disconnects:
+                break
+            await asyncio.sleep(0.01)
+        assert upstream.disconnects == 1
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "disconnected" in call.error
+
+
+class SlowStore(MemoryStore):
+    """A store whose writes take a while, to exercise backpressure."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        await asyncio.sleep(0.05)
+        self.batches.append(len(spans))
+        return await super().add_spans(spans)
+
+
+async def test_a_slow_store_applies_backpressure_and_loses_nothing(upstream: ScriptedOpenAIServer) -> None:
+    store = SlowStore()
+    config = GatewayConfig(record_queue_size=4, record_batch_size=4)
+    async with gateway_env([upstream.url], config, store=store) as env:
+        rollout, base_url = await env.rollout()
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x")
+        await asyncio.gather(*(client.chat.completions.create(**CHAT) for _ in range(20)))  # type: ignore[call-overload]
+        calls = await env.calls(rollout, 20)
+        assert all(not call.token_ids_missing for call in calls)
+        assert max(store.batches) <= 4
+        assert len(store.batches) >= 5
+        assert env.gateway.state()["recorder"]["dropped"] == 0

@@ -1,0 +1,67 @@
+"""The lean upstream HTTP client: keep-alive reuse, chunked bodies, stale pooled connections."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fulgor.gateway.config import Upstream
+from fulgor.gateway.http import HttpClient
+from fulgor.testing import ScriptedOpenAIServer
+
+HEADERS = "Content-Type: application/json\r\n"
+
+
+def key_and_path(url: str) -> tuple[tuple[str, str, int], str]:
+    upstream = Upstream(url)
+    return (upstream.scheme, upstream.host, upstream.port), upstream.base_path
+
+
+async def test_requests_reuse_one_connection() -> None:
+    async with ScriptedOpenAIServer() as server:
+        key, path = key_and_path(server.url)
+        client = HttpClient()
+        for _ in range(3):
+            response = await client.request("GET", key, f"{path}/models", HEADERS)
+            assert response.status == 200
+            assert json.loads(await response.read())["data"][0]["id"] == "scripted-model"
+        assert len(client._idle[key]) == 1
+        await client.close()
+
+
+async def test_a_chunked_stream_arrives_in_pieces_and_ends() -> None:
+    async with ScriptedOpenAIServer() as server:
+        key, path = key_and_path(server.url)
+        client = HttpClient()
+        body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode()
+        response = await client.request("POST", key, f"{path}/chat/completions", HEADERS, body)
+        chunks = [chunk async for chunk in response.chunks()]
+        assert len(chunks) > 2
+        assert chunks[-1].endswith(b"data: [DONE]\n\n")
+        await client.close()
+
+
+async def test_a_connection_the_server_closed_is_replaced() -> None:
+    server = ScriptedOpenAIServer()
+    await server.start()
+    port = server.port
+    key, path = key_and_path(server.url)
+    client = HttpClient()
+    await (await client.request("GET", key, f"{path}/models", HEADERS)).read()
+    await server.close()
+    restarted = ScriptedOpenAIServer(port=port)
+    await restarted.start()
+    try:
+        response = await client.request("GET", key, f"{path}/models", HEADERS)
+        assert response.status == 200
+        await response.read()
+    finally:
+        await client.close()
+        await restarted.close()
+
+
+async def test_connection_refused_raises() -> None:
+    client = HttpClient(connect_timeout_seconds=1)
+    with pytest.raises(ConnectionRefusedError):
+        await client.request("GET", ("http", "127.0.0.1", 1), "/v1/models", HEADERS)
