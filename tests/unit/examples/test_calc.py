@@ -1,0 +1,98 @@
+"""The calc example: dataset splits, the strict reward, and the agent's tool loop over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from examples.calc.agent import calc_agent, calculate
+from examples.calc.dataset import make_splits
+from examples.calc.reward import parse_answer, reward
+from fulgor import LLM, RolloutRequest, semconv
+from fulgor.runner import Runner, RunnerConfig
+from fulgor.store import MemoryStore
+from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+
+
+def test_splits_are_deterministic_and_disjoint() -> None:
+    splits = make_splits(seed=3)
+    assert [len(splits[name]) for name in ("train", "val", "test")] == [512, 64, 128]
+    assert make_splits(seed=3) == splits
+    keys = {name: {(t["a"], t["b"], t["op"]) for t in tasks} for name, tasks in splits.items()}
+    assert not keys["train"] & keys["val"]
+    assert not keys["train"] & keys["test"]
+    assert not keys["val"] & keys["test"]
+    for task in splits["train"]:
+        assert str(task["a"]) in task["question"]
+        expected = {"*": task["a"] * task["b"], "+": task["a"] + task["b"], "-": task["a"] - task["b"]}[
+            task["op"]
+        ]
+        assert task["answer"] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1776", 1776),
+        ("Answer: 1776.", 1776),
+        ("  -5 ", -5),
+        ("1776 or 1777", None),
+        ("It is 1776", None),
+        ("", None),
+    ],
+)
+def test_answers_are_parsed_strictly(text: str, expected: int | None) -> None:
+    assert parse_answer(text) == expected
+
+
+def test_a_message_that_merely_contains_the_number_earns_nothing() -> None:
+    assert reward("1776", 1776) == 1.0
+    assert reward("37*48 = 1776", 1776) == 0.0
+    assert reward(None, 1776) == 0.0
+
+
+def test_calculator_is_safe() -> None:
+    assert calculate("37 * 48") == "1776"
+    assert calculate("-(3 - 10) / 2") == "3.5"
+    assert calculate("1/0").startswith("error")
+    assert calculate("open('x')").startswith("error")
+
+
+async def run_agent(
+    replies: list[ScriptedReply], question: str, answer: int
+) -> tuple[float, list[dict[str, Any]]]:
+    async with ScriptedOpenAIServer(replies) as server:
+        store = MemoryStore()
+        await store.put_resources({"llm": LLM(endpoint=server.url, model="scripted-model")})
+        [created] = await store.enqueue([RolloutRequest(input={"question": question, "answer": answer})])
+        runner = Runner(calc_agent, store, config=RunnerConfig(claim_wait_seconds=0.2))
+        task = asyncio.create_task(runner.run())
+        [done] = await store.wait([created.rollout_id], timeout_seconds=30)
+        runner.stop()
+        await task
+        assert done.status == "succeeded"
+        [span] = await store.query_spans(created.rollout_id, name=semconv.SPAN_REWARD)
+        await store.close()
+        return span.attributes[semconv.ATTR_REWARD_VALUE], server.requests
+
+
+async def test_agent_calls_the_calculator_then_answers() -> None:
+    replies = [
+        ScriptedReply(text="", tool_calls=(ScriptedToolCall("calculator", {"expression": "37*48"}),)),
+        ScriptedReply(text="1776"),
+    ]
+    value, requests = await run_agent(replies, "What is 37 times 48?", 1776)
+    assert value == 1.0
+    assert len(requests) == 2
+    assert requests[0]["tools"][0]["function"]["name"] == "calculator"
+    tool_message = requests[1]["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert tool_message["content"] == "1776"
+
+
+async def test_agent_that_guesses_wrong_gets_zero() -> None:
+    value, requests = await run_agent([ScriptedReply(text="1700")], "What is 37 times 48?", 1776)
+    assert value == 0.0
+    assert len(requests) == 1
