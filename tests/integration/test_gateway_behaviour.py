@@ -51,7 +51,7 @@ async def test_unknown_and_finished_rollouts_are_refused_with_a_clear_message(
 async def test_the_run_key_is_required_when_set(upstream: ScriptedOpenAIServer) -> None:
     async with gateway_env([upstream.url], GatewayConfig(api_key="s3cret")) as env:
         rollout, base_url = await env.rollout()
-        with pytest.raises(openai.AuthenticationError, match="run's key"):
+        with pytest.raises(openai.PermissionDeniedError, match="run's key"):
             await openai.AsyncOpenAI(base_url=base_url, api_key="wrong").chat.completions.create(**CHAT)  # type: ignore[call-overload]
         reply = await openai.AsyncOpenAI(base_url=base_url, api_key="s3cret").chat.completions.create(**CHAT)  # type: ignore[call-overload]
         assert reply.choices[0].message.content == "ok"

@@ -26,11 +26,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--store", required=True, help="store URL: http://HOST:PORT of fulgor serve, or sqlite:///PATH"
     )
+    add_upstream_arguments(parser, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)"
+    )
+    parser.add_argument("--token-file", type=Path, help="file holding the run's key (else $FULGOR_TOKEN)")
+    parser.set_defaults(handler=_run)
+
+
+def add_upstream_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The gateway's flags, shared by ``fulgor gateway`` and ``fulgor serve``."""
     parser.add_argument(
         "--upstream",
         action="append",
-        required=True,
-        help="engine base URL ending in /v1 (repeat for replicas)",
+        required=required,
+        help="engine base URL ending in /v1 (repeat for replicas)"
+        + ("" if required else "; serves the gateway at /r/{rollout_id}/{attempt_id}/v1 in this process"),
     )
     parser.add_argument("--upstream-api-key", help="API key sent to the upstreams (not the agents' key)")
     parser.add_argument(
@@ -38,13 +50,18 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="do not ask upstreams for token ids (APIs that reject vLLM fields); calls are flagged",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)"
-    )
-    parser.add_argument("--token-file", type=Path, help="file holding the run's key (else $FULGOR_TOKEN)")
     parser.add_argument("--model-version", help="model version recorded on calls whose upstream names none")
-    parser.set_defaults(handler=_run)
+
+
+def build_gateway(args: argparse.Namespace, store: Any, key: str | None) -> Any:
+    """A Gateway over ``store`` from the flags of :func:`add_upstream_arguments`."""
+    from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
+
+    upstreams = [
+        Upstream(url, api_key=args.upstream_api_key, request_token_ids=not args.no_token_ids)
+        for url in args.upstream
+    ]
+    return create_gateway_app(store, upstreams, GatewayConfig(api_key=key, model_version=args.model_version))
 
 
 def is_loopback(host: str) -> bool:
@@ -59,7 +76,6 @@ def is_loopback(host: str) -> bool:
 def _run(args: argparse.Namespace) -> int:
     try:
         from fulgor.cli.serve import resolve_token
-        from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
         from fulgor.gateway.serving import bind_socket
         from fulgor.store.sync import open_store
 
@@ -68,17 +84,12 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"binding to {args.host} needs the run's key: pass --token-file or set FULGOR_TOKEN"
             )
-        upstreams = [
-            Upstream(url, api_key=args.upstream_api_key, request_token_ids=not args.no_token_ids)
-            for url in args.upstream
-        ]
-        config = GatewayConfig(api_key=key, model_version=args.model_version)
         store = open_store(args.store)
+        app = build_gateway(args, store, key)
         sock = _bind(bind_socket, args.host, args.port)
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
-    app = create_gateway_app(store, upstreams, config)
     host, port = sock.getsockname()[:2]
     print(f"http://{host}:{port}", flush=True)
     _serve(app, sock, access_log=args.verbose)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fulgor.cli.gateway import add_upstream_arguments, build_gateway
 from fulgor.errors import ConfigError, FulgorError
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
@@ -34,6 +35,7 @@ def register(subparsers: Any) -> None:
         type=Path,
         help=f"file holding the bearer token clients must send (else ${TOKEN_ENV}; needed off loopback)",
     )
+    add_upstream_arguments(parser, required=False)
     parser.set_defaults(handler=_serve)
 
 
@@ -63,14 +65,15 @@ def _serve(args: argparse.Namespace) -> int:
             )
         store = open_store(args.store)
         try:
+            gateway = build_gateway(args, store, token) if args.upstream else None
             sock = server.bind_socket(args.host, args.port)
-        except ConfigError:
+        except (ConfigError, ImportError):
             _close(store)
             raise
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
-    app = server.create_app(server.ServerConfig(store=store, token=token))
+    app = server.create_app(server.ServerConfig(store=store, token=token), gateway=gateway)
     print(server.url_of(sock), flush=True)
     server.serve_forever(app, sock, access_log=args.verbose)
     return 0

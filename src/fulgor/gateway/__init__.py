@@ -12,6 +12,7 @@ from fulgor.gateway.app import Gateway, create_gateway_app
 from fulgor.gateway.config import GatewayConfig, Upstream
 from fulgor.gateway.errors import (
     BadRequestError,
+    ForbiddenError,
     GatewayError,
     GatewayPausedError,
     RolloutFinishedError,
@@ -22,6 +23,7 @@ from fulgor.gateway.errors import (
 
 __all__ = [
     "BadRequestError",
+    "ForbiddenError",
     "Gateway",
     "GatewayConfig",
     "GatewayError",

@@ -28,6 +28,7 @@ from fulgor.gateway import anthropic
 from fulgor.gateway.config import GatewayConfig, Upstream
 from fulgor.gateway.errors import (
     BadRequestError,
+    ForbiddenError,
     GatewayError,
     GatewayPausedError,
     RolloutNotFoundError,
@@ -209,17 +210,22 @@ class Gateway:
             await self._guard.check(rollout_id, attempt_id)
 
     def _authorize(self, scope: Scope) -> None:
+        """401 when no key was sent, 403 when a wrong one was (like the store server)."""
         if self._api_key is None:
             return
+        sent = False
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 value = value[7:].strip()
             elif name != b"x-api-key":
                 continue
+            sent = True
             if hmac.compare_digest(value, self._api_key):
                 return
+        if sent:
+            raise ForbiddenError("the key sent is not this run's key; use the key the run was started with")
         raise UnauthorizedError(
-            "this gateway needs the run's key: send it as the API key (Authorization: Bearer)"
+            "this gateway needs the run's key: send it as the API key (Authorization: Bearer or x-api-key)"
         )
 
     async def _models(self, send: Send, rollout_id: str) -> None:

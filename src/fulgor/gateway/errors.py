@@ -6,6 +6,7 @@ from fulgor.errors import FulgorError
 
 __all__ = [
     "BadRequestError",
+    "ForbiddenError",
     "GatewayError",
     "GatewayPausedError",
     "RolloutFinishedError",
@@ -30,10 +31,17 @@ class BadRequestError(GatewayError):
 
 
 class UnauthorizedError(GatewayError):
-    """The run's key is missing or wrong."""
+    """The run's key is missing."""
 
     code = "unauthorized"
     status = 401
+
+
+class ForbiddenError(GatewayError):
+    """A key was sent, but not the run's."""
+
+    code = "forbidden"
+    status = 403
 
 
 class RolloutNotFoundError(GatewayError):

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fulgor.errors import ConfigError, FulgorError
 from fulgor.store import _api as api
@@ -38,6 +38,7 @@ try:
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Match, Route
+    from starlette.types import ASGIApp, Receive, Scope, Send
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"the fulgor server needs FastAPI and uvicorn ({error.name} is missing): pip install 'fulgor[server]'"
@@ -47,6 +48,9 @@ from fulgor import __version__
 from fulgor.store import _serving as serving
 from fulgor.store import _store_api as store_api
 from fulgor.store._serving import ServerConfig
+
+if TYPE_CHECKING:
+    from fulgor.gateway import Gateway
 
 __all__ = [
     "BackgroundServer",
@@ -82,17 +86,28 @@ def _health_router() -> APIRouter:
     return router
 
 
-def create_app(config: ServerConfig, *, extra_routers: Sequence[APIRouter] = ()) -> FastAPI:
-    """The store server as an ASGI app; ``extra_routers`` are mounted beside the store routes."""
+def create_app(
+    config: ServerConfig, *, extra_routers: Sequence[APIRouter] = (), gateway: Gateway | None = None
+) -> FastAPI:
+    """The store server as an ASGI app; ``extra_routers`` are mounted beside the store routes.
+
+    With a ``gateway``, its URLs (``/r/...`` and ``/gateway/...``) are served by the same process:
+    they go straight to the gateway, which checks the run's key itself (as a bearer token or, for
+    Anthropic clients, ``x-api-key``), and the lifespan starts and closes it with the store.
+    """
     from fulgor.store.otlp import otlp_router
 
     state = serving.ServerState(config, serving.IdempotencyCache(config.idempotency_entries))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if gateway is not None:
+            await gateway.start()
         try:
             yield
         finally:
+            if gateway is not None:
+                await gateway.close()
             await config.store.close()
 
     app = FastAPI(title="fulgor", version=__version__, lifespan=lifespan, redoc_url=None)
@@ -105,8 +120,26 @@ def create_app(config: ServerConfig, *, extra_routers: Sequence[APIRouter] = ())
     app.add_middleware(serving.BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
     if config.token is not None:
         app.add_middleware(serving.AuthMiddleware, token=config.token)
+    if gateway is not None:
+        app.add_middleware(_GatewayRoutes, gateway=gateway)
     app.openapi = lambda: _openapi(app, secured=config.token is not None)  # type: ignore[method-assign]
     return app
+
+
+class _GatewayRoutes:
+    """Hands the gateway's paths to the gateway before the store's auth, limits and routes."""
+
+    PREFIXES = ("/r/", "/gateway/")
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(self.PREFIXES):
+            await self.gateway(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -1,0 +1,77 @@
+"""``fulgor serve --upstream``: the store and the gateway in one process, one key for both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from fulgor import semconv
+from fulgor.store import SyncStore
+from fulgor.store.client import StoreClient
+from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from fulgor.types import ModelCall, RolloutRequest
+
+TOKEN = "run-key-123"
+
+
+@pytest.fixture
+def upstream() -> Iterator[ScriptedOpenAIServer]:
+    with ScriptedOpenAIServer(default_reply=ScriptedReply(text="42")) as server:
+        yield server
+
+
+@pytest.fixture
+def serve(tmp_path: Path, upstream: ScriptedOpenAIServer) -> Iterator[str]:
+    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
+    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite", "--upstream", upstream.url]
+    env = {**os.environ, "FULGOR_TOKEN": TOKEN}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+    yield url
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=15) == 0
+
+
+def test_one_process_serves_the_store_and_records_calls_through_the_gateway(
+    serve: str, upstream: ScriptedOpenAIServer
+) -> None:
+    with SyncStore(StoreClient(serve, token=TOKEN)) as store:
+        [rollout] = store.enqueue([RolloutRequest(input={"q": 1})])
+        [claimed] = store.claim("w1")
+        base = f"{serve}/r/{claimed.rollout_id}/{claimed.attempt.attempt_id}"
+
+        chat = openai.OpenAI(base_url=f"{base}/v1", api_key=TOKEN)
+        reply = chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}])
+        assert reply.choices[0].message.content == "42"
+        message = anthropic.Anthropic(base_url=base, api_key=TOKEN).messages.create(
+            model="m", max_tokens=8, messages=[{"role": "user", "content": "6*7?"}]
+        )
+        assert message.content[0].text == "42"  # type: ignore[union-attr]
+        with pytest.raises(openai.PermissionDeniedError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong").models.list()
+
+        store.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+        spans = store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL)
+    calls = [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
+    assert len(calls) == 2
+    for call, sample in zip(calls, upstream.samples, strict=True):
+        assert call.prompt_token_ids == sample.prompt_token_ids
+        assert call.response_token_ids == sample.token_ids
+        assert call.response_logprobs == pytest.approx(sample.logprobs)
+
+
+def test_the_store_api_still_needs_the_key(serve: str) -> None:
+    from fulgor.errors import FulgorError
+
+    with SyncStore(StoreClient(serve, token="wrong")) as store, pytest.raises(FulgorError):
+        store.stats()
