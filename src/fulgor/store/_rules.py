@@ -23,6 +23,7 @@ from fulgor.types import (
     ROLLOUT_TERMINAL_STATUSES,
     Attempt,
     AttemptStatus,
+    JsonDict,
     PromptTemplate,
     Resources,
     Rollout,
@@ -193,6 +194,28 @@ def move_attempt(attempt: Attempt, status: AttemptStatus, now: float, error: str
     if error is not None:
         update["error"] = error
     return attempt.model_copy(update=update)
+
+
+def updated_attempt(
+    attempt: Attempt,
+    now: float,
+    *,
+    status: AttemptStatus | None = None,
+    error: str | None = None,
+    metadata: JsonDict | None = None,
+) -> Attempt:
+    """The attempt after ``update_attempt``: a status move, an error, merged metadata, activity."""
+    if status is not None:
+        updated = move_attempt(attempt, status, now, error)
+    elif attempt.is_live:
+        updated = attempt.model_copy(update={"last_active_time": now})
+    else:
+        updated = attempt
+    if error is not None and status is None:
+        updated = updated.model_copy(update={"error": error})
+    if metadata is not None:
+        updated = updated.model_copy(update={"metadata": {**updated.metadata, **metadata}})
+    return updated
 
 
 def overdue(attempt: Attempt, config: RolloutConfig, now: float) -> tuple[AttemptStatus, float] | None:

@@ -157,16 +157,7 @@ class MemoryStore:
         self._sweep()
         attempt = self._attempt(rollout_id, attempt_id)
         now = self._clock()
-        if status is not None:
-            updated = rules.move_attempt(attempt, status, now, error)
-        elif attempt.is_live:
-            updated = attempt.model_copy(update={"last_active_time": now})
-        else:
-            updated = attempt
-        if error is not None and status is None:
-            updated = updated.model_copy(update={"error": error})
-        if metadata is not None:
-            updated = updated.model_copy(update={"metadata": {**updated.metadata, **metadata}})
+        updated = rules.updated_attempt(attempt, now, status=status, error=error, metadata=metadata)
         self._put_attempt(updated, now)
         return updated
 

@@ -264,16 +264,7 @@ class PostgresStore:
         async def update(conn: Connection) -> tuple[Attempt, bool]:
             await self._rollout(conn, rollout_id, lock=True)
             attempt = await self._attempt(conn, rollout_id, attempt_id, lock=True)
-            if status is not None:
-                updated = rules.move_attempt(attempt, status, now, error)
-            elif attempt.is_live:
-                updated = attempt.model_copy(update={"last_active_time": now})
-            else:
-                updated = attempt
-            if error is not None and status is None:
-                updated = updated.model_copy(update={"error": error})
-            if metadata is not None:
-                updated = updated.model_copy(update={"metadata": {**updated.metadata, **metadata}})
+            updated = rules.updated_attempt(attempt, now, status=status, error=error, metadata=metadata)
             return updated, await self._put_attempt(conn, updated, now)
 
         async with self._db.connection() as conn:

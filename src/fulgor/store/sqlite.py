@@ -270,16 +270,7 @@ class SqliteStore:
         now = self._clock()
         with self._write():
             attempt = self._attempt(rollout_id, attempt_id)
-            if status is not None:
-                updated = rules.move_attempt(attempt, status, now, error)
-            elif attempt.is_live:
-                updated = attempt.model_copy(update={"last_active_time": now})
-            else:
-                updated = attempt
-            if error is not None and status is None:
-                updated = updated.model_copy(update={"error": error})
-            if metadata is not None:
-                updated = updated.model_copy(update={"metadata": {**updated.metadata, **metadata}})
+            updated = rules.updated_attempt(attempt, now, status=status, error=error, metadata=metadata)
             changed = self._put_attempt(updated, now)
         if changed:
             self._signal.notify()
