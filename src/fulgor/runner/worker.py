@@ -14,6 +14,7 @@ gateway) or how many processes run it (the pool's job).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -169,6 +170,10 @@ class Runner:
         except (InvalidTransitionError, NotFoundError) as failure:
             # The store ended the attempt first (watchdog or cancel); its verdict stands.
             logger.info("attempt %s already ended: %s", claimed.attempt.attempt_id, failure)
+        except FulgorError as failure:
+            # The store cannot be reached: the attempt stays live until its unresponsive_seconds
+            # (if set) lets the watchdog end and retry it.
+            logger.error("could not report attempt %s as %s: %s", claimed.attempt.attempt_id, status, failure)
         self._reported.add(claimed.attempt.attempt_id)
         self.completed += 1
 
@@ -184,13 +189,22 @@ class Runner:
             stop = asyncio.create_task(self._stopping.wait())
             await asyncio.wait({claim, stop}, return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
-            if not claim.done():
-                # Stopping mid-claim: let the claim finish so nothing it took is left unrun.
-                claim_result = await claim
-            else:
-                claim_result = claim.result()
-            for claimed in claim_result:
+            try:
+                # Stopping mid-claim: the claim still finishes, so nothing it took is left unrun.
+                claimed_now = await claim
+            except FulgorError as failure:
+                # The store is unreachable or refused: nothing was claimed; try again shortly.
+                logger.warning(
+                    "claim failed (%s); retrying in %.1fs", failure, self.config.claim_wait_seconds
+                )
+                await self._sleep_unless_stopping(self.config.claim_wait_seconds)
+                continue
+            for claimed in claimed_now:
                 self._start(claimed)
+
+    async def _sleep_unless_stopping(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
     def _start(self, claimed: AttemptedRollout) -> None:
         task = asyncio.create_task(self.run_attempt(claimed), name=f"fulgor-rollout-{claimed.rollout_id}")

@@ -171,3 +171,25 @@ async def test_concurrency_is_bounded(store: Store) -> None:
     await run_until_done(Runner(counted, store, config=config), store, [r.rollout_id for r in rollouts])
     assert peak == 3
     assert (await store.stats()).rollouts == {"succeeded": 12}
+
+
+async def test_a_failing_claim_is_retried_not_fatal(store: Store) -> None:
+    from fulgor.errors import StoreError
+
+    failures = 2
+    real_claim = store.claim
+
+    async def flaky_claim(*args: Any, **kwargs: Any) -> Any:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise StoreError("the store is unreachable")
+        return await real_claim(*args, **kwargs)
+
+    store.claim = flaky_claim  # type: ignore[method-assign]
+    [created] = await store.enqueue([RolloutRequest(input={"kind": "right"})])
+    await store.put_resources({"llm": LLM(endpoint="http://upstream/v1", model="m")})
+    config = RunnerConfig(claim_wait_seconds=0.05, heartbeat_seconds=0.05)
+    await run_until_done(Runner(solver, store, config=config), store, [created.rollout_id])
+    assert failures == 0
+    assert (await store.get_rollout(created.rollout_id)).status == "succeeded"
