@@ -43,6 +43,7 @@ import gc
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 WORKER_ID = "bench-worker-0"
@@ -102,15 +103,12 @@ def span_times(span_index: int, now: float) -> tuple[float, float]:
 # -- Agent Lightning ------------------------------------------------------------------------------
 
 
-async def _run_pass(
-    rollouts: int, spans_per_rollout: int, batched: bool, store_ids: bool = False
-) -> tuple[float, float]:
-    from agentlightning.store import InMemoryLightningStore
-    from agentlightning.types import EnqueueRolloutRequest, OtelResource, Span, TraceStatus
+def agl_span_factory() -> Callable[[str, str, int, int, float, int], Any]:
+    """``make_span(rollout_id, attempt_id, i, j, now, sequence_id)``, building the workload's spans.
 
-    store = InMemoryLightningStore()
-    requests = [EnqueueRolloutRequest(input=task_input(i), mode="train") for i in range(rollouts)]
-    gc.collect()
+    They are Agent Lightning ``Span`` objects, so this needs its environment (imported when called).
+    """
+    from agentlightning.types import OtelResource, Span, TraceStatus
 
     def make_span(rollout_id: str, attempt_id: str, i: int, j: int, now: float, sequence_id: int) -> Span:
         start, end = span_times(j, now)
@@ -132,6 +130,20 @@ async def _run_pass(
             parent=None,
             resource=OtelResource(attributes={}, schema_url=""),
         )
+
+    return make_span
+
+
+async def _run_pass(
+    rollouts: int, spans_per_rollout: int, batched: bool, store_ids: bool = False
+) -> tuple[float, float]:
+    from agentlightning.store import InMemoryLightningStore
+    from agentlightning.types import EnqueueRolloutRequest
+
+    store = InMemoryLightningStore()
+    requests = [EnqueueRolloutRequest(input=task_input(i), mode="train") for i in range(rollouts)]
+    make_span = agl_span_factory()
+    gc.collect()
 
     began, began_cpu = time.perf_counter(), time.process_time()
     enqueued = await store.enqueue_many_rollouts(requests)

@@ -1,0 +1,236 @@
+"""The Agent Lightning side of ``benchmarks/store_http.py``: the store workload over HTTP.
+
+Run with the python of the ``.bench/agentlightning-0.3.0`` virtual environment (never fulgor's). It
+starts a second copy of itself as the server process (``--serve``), which holds one
+``LightningStoreServer`` per pass, each wrapping a fresh ``InMemoryLightningStore`` on its own
+loopback port, and drives them from this process with ``LightningStoreClient``. The server process
+stops when its stdin closes. One JSON object is printed on stdout::
+
+    {"agentlightning": "0.3.0", "rollouts": 300, "spans_per_rollout": 10,
+     "seconds": {"per_span": [..], "batched": [..]}, "cpu_seconds": {..},
+     "span_add_ms": [..], "notes": [..]}
+
+The workload and its mapping onto Agent Lightning's API are those of
+``benchmarks/_agentlightning_store.py``, with two differences forced by ``LightningStoreClient``:
+
+* ``add_many_spans`` sends one ``POST /spans`` request per span (the HTTP API has no batch route),
+  so pass ``batched`` makes as many requests as pass ``per_span``;
+* ``wait_for_rollouts`` refuses a timeout above 0.1 s, so waiting is a loop of 0.1 s waits until
+  every rollout has finished (one call here, since all attempts already succeeded).
+
+``span_add_ms`` are single ``add_span`` calls timed one by one on one attempt of a fresh store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+from _agentlightning_store import (
+    PASSES,
+    WAIT_TIMEOUT_SECONDS,
+    WORKER_ID,
+    agl_span_factory,
+    task_input,
+)
+
+LATENCY_WARMUP = 20
+
+
+# -- server process -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _serve(count: int) -> None:
+    """Start ``count`` servers, print their URLs as one JSON line, serve until stdin closes."""
+    from agentlightning.store import InMemoryLightningStore
+    from agentlightning.store.client_server import LightningStoreServer
+
+    servers = []
+    for _ in range(count):
+        server = LightningStoreServer(
+            InMemoryLightningStore(), host="127.0.0.1", port=_free_port(), launch_mode="asyncio"
+        )
+        await server.start()
+        servers.append(server)
+    print(json.dumps({"urls": [server.endpoint for server in servers]}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    for server in servers:
+        await server.stop()
+
+
+class ServerProcess:
+    """The ``--serve`` process: ``count`` fresh stores, one URL each."""
+
+    def __init__(self, count: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), f"--serve={count}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._urls: list[str] | None = None
+
+    def urls(self) -> list[str]:
+        if self._urls is None:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"Agent Lightning server exited early ({self.process.wait()})")
+            self._urls = list(json.loads(line)["urls"])
+        return self._urls
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# -- client side ----------------------------------------------------------------------------------
+
+
+async def _run_pass(url: str, rollouts: int, spans_per_rollout: int, batched: bool) -> tuple[float, float]:
+    from agentlightning.store.client_server import LightningStoreClient
+    from agentlightning.types import EnqueueRolloutRequest
+
+    store = LightningStoreClient(url)
+    make_span = agl_span_factory()
+    requests = [EnqueueRolloutRequest(input=task_input(i), mode="train") for i in range(rollouts)]
+    try:
+        gc.collect()
+        began, began_cpu = time.perf_counter(), time.process_time()
+        enqueued = await store.enqueue_many_rollouts(requests)
+        for i in range(rollouts):
+            claimed = await store.dequeue_rollout(worker_id=WORKER_ID)
+            if claimed is None:
+                raise RuntimeError(f"queue empty after {i} of {rollouts} claims")
+            rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+            now = time.time()
+            if batched:
+                await store.add_many_spans(
+                    [make_span(rollout_id, attempt_id, i, j, now, j + 1) for j in range(spans_per_rollout)]
+                )
+            else:
+                for j in range(spans_per_rollout):
+                    await store.add_span(make_span(rollout_id, attempt_id, i, j, now, j + 1))
+            await store.update_attempt(rollout_id, attempt_id, status="succeeded")
+        rollout_ids = [rollout.rollout_id for rollout in enqueued]
+        deadline = time.monotonic() + WAIT_TIMEOUT_SECONDS
+        done = await store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0.1)
+        while len(done) < rollouts and time.monotonic() < deadline:
+            done = await store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0.1)
+        elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
+
+        # Check, outside the timed part, that the workload really happened.
+        if len(done) != rollouts or any(rollout.status != "succeeded" for rollout in done):
+            raise RuntimeError(f"only {len(done)} of {rollouts} rollouts finished")
+        stats = await store.statistics()
+        if stats.get("total_spans") != rollouts * spans_per_rollout:
+            raise RuntimeError(
+                f"expected {rollouts * spans_per_rollout} spans, store has {stats.get('total_spans')}"
+            )
+        return elapsed, cpu
+    finally:
+        await store.close()
+
+
+async def _span_add_latency(url: str, samples: int) -> list[float]:
+    """Milliseconds of ``samples`` single ``add_span`` calls, after a few untimed ones."""
+    from agentlightning.store.client_server import LightningStoreClient
+    from agentlightning.types import EnqueueRolloutRequest
+
+    store = LightningStoreClient(url)
+    make_span = agl_span_factory()
+    try:
+        await store.enqueue_many_rollouts([EnqueueRolloutRequest(input=task_input(0), mode="train")])
+        claimed = await store.dequeue_rollout(worker_id=WORKER_ID)
+        if claimed is None:
+            raise RuntimeError("the rollout enqueued for the latency run could not be claimed")
+        rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+        now = time.time()
+        timings: list[float] = []
+        gc.collect()
+        for j in range(LATENCY_WARMUP + samples):
+            span = make_span(rollout_id, attempt_id, 0, j, now, j + 1)
+            began = time.perf_counter()
+            await store.add_span(span)
+            if j >= LATENCY_WARMUP:
+                timings.append((time.perf_counter() - began) * 1000)
+        return timings
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=300)
+    parser.add_argument("--spans-per-rollout", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--latency-samples", type=int, default=1000, help="0 skips the latency run")
+    parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        asyncio.run(_serve(args.serve))
+        return
+
+    from importlib.metadata import version
+
+    seconds: dict[str, list[float]] = {name: [] for name in PASSES}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in PASSES}
+    span_add_ms: list[float] = []
+    for _ in range(args.repeats):
+        server = ServerProcess(len(PASSES) + 1)
+        try:
+            urls = server.urls()
+            for url, name in zip(urls[: len(PASSES)], PASSES, strict=True):
+                wall, cpu = asyncio.run(
+                    _run_pass(url, args.rollouts, args.spans_per_rollout, name == "batched")
+                )
+                seconds[name].append(wall)
+                cpu_seconds[name].append(cpu)
+            if args.latency_samples > 0:
+                span_add_ms.extend(asyncio.run(_span_add_latency(urls[-1], args.latency_samples)))
+        finally:
+            server.stop()
+    result: dict[str, Any] = {
+        "agentlightning": version("agentlightning"),
+        "python": sys.version.split()[0],
+        "rollouts": args.rollouts,
+        "spans_per_rollout": args.spans_per_rollout,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "span_add_ms": span_add_ms,
+        "notes": [
+            "LightningStoreServer(InMemoryLightningStore(), launch_mode='asyncio') in its own process, "
+            "driven by LightningStoreClient: enqueue_many_rollouts / dequeue_rollout / add_span / "
+            "add_many_spans / update_attempt / wait_for_rollouts",
+            "add_many_spans over HTTP is one POST /spans per span (no batch route): pass B makes as many "
+            "span requests as pass A",
+            "wait_for_rollouts over HTTP refuses timeouts above 0.1 s: waiting is a loop of 0.1 s waits",
+            "span sequence ids assigned by the worker (1..N), not allocated by the store",
+        ],
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
