@@ -29,7 +29,7 @@ import torch
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
 from fulgor.engine.server import create_app
-from fulgor.engine.serving import ServerThread
+from fulgor.net.asgi import ServerThread
 
 TARGET_SPEEDUP = 3.0
 REQUESTS = 16

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from _agentlightning_gateway import start_agentlightning
-from fulgor.gateway.http import HttpClient
+from fulgor.net.http_client import HttpClient
 
 ROOT = Path(__file__).resolve().parent.parent
 AGL_VERSION = "1.0.2"
@@ -183,7 +183,7 @@ def _serve_fulgor(upstream: str, store_kind: str) -> None:
     import uvicorn
 
     from fulgor.gateway import GatewayConfig, create_gateway_app
-    from fulgor.gateway.serving import bind_socket
+    from fulgor.net.sockets import bind_socket
     from fulgor.store.memory import MemoryStore
     from fulgor.store.sqlite import SqliteStore
     from fulgor.types import RolloutRequest

@@ -11,6 +11,7 @@ __all__ = [
     "FulgorError",
     "InvalidTransitionError",
     "NotFoundError",
+    "PortInUseError",
     "StoreError",
     "ValidationError",
 ]
@@ -30,6 +31,21 @@ class ConfigError(FulgorError):
     """A configuration value is missing or invalid; the message names it and the fix."""
 
     code = "config_error"
+
+
+class PortInUseError(ConfigError):
+    """A TCP port a server should listen on is taken by another process."""
+
+    code = "port_in_use"
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"port {port} on {host} is already in use: stop the process holding it "
+            f"(find it with `lsof -i :{port}` or `ss -ltnp 'sport = :{port}'`), or choose another port "
+            "with --port P (--port 0 picks a free one)"
+        )
+        self.host = host
+        self.port = port
 
 
 class ValidationError(FulgorError):

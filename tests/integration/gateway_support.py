@@ -8,10 +8,10 @@ from typing import Any
 
 from fulgor import semconv
 from fulgor.gateway import Gateway, GatewayConfig, create_gateway_app
+from fulgor.net.asgi import serve_asgi
 from fulgor.store.base import Store
 from fulgor.store.memory import MemoryStore
 from fulgor.testing import Sample
-from fulgor.testing.asgi import serve_asgi
 from fulgor.types import AttemptedRollout, ModelCall, RolloutRequest
 
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
 from fulgor.engine.server import create_app  # noqa: E402
-from fulgor.engine.serving import ServerThread  # noqa: E402
+from fulgor.net.asgi import ServerThread  # noqa: E402
 
 MODEL = "tiny"
 TOOLS = [

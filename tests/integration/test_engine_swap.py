@@ -26,7 +26,7 @@ from fulgor.engine.models import init_model  # noqa: E402
 from fulgor.engine.prompts import chat_prompt_ids  # noqa: E402
 from fulgor.engine.protocol import ChatCompletionRequest  # noqa: E402
 from fulgor.engine.server import create_app  # noqa: E402
-from fulgor.engine.serving import ServerThread  # noqa: E402
+from fulgor.net.asgi import ServerThread  # noqa: E402
 
 MODEL = "policy"
 TOKEN = "admin-secret"

@@ -13,7 +13,7 @@ from gateway_support import assert_matches, gateway_env
 
 from fulgor import semconv
 from fulgor.gateway import GatewayConfig
-from fulgor.gateway.serving import bind_socket
+from fulgor.net.sockets import bind_socket
 from fulgor.store.memory import MemoryStore
 from fulgor.testing import ScriptedOpenAIServer, ScriptedReply
 from fulgor.types import Span

@@ -23,7 +23,7 @@ from gateway_support import GatewayEnv, gateway_env
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
 from fulgor.engine.server import create_app
-from fulgor.engine.serving import ServerThread
+from fulgor.net.asgi import ServerThread
 from fulgor.types import ModelCall
 
 MODEL = "tiny"

@@ -38,7 +38,8 @@ def _serve_local(args: argparse.Namespace, admin_token: str | None) -> int:
 
     from fulgor.engine.local import EngineConfig, LocalEngine
     from fulgor.engine.server import create_app
-    from fulgor.engine.serving import ServerThread, bind_socket
+    from fulgor.net.asgi import ServerThread
+    from fulgor.net.sockets import bind_socket
 
     sock = bind_socket(args.host, args.port)  # fail on a taken port before loading the model
     if args.threads:
@@ -59,7 +60,7 @@ def _serve_local(args: argparse.Namespace, admin_token: str | None) -> int:
     except BaseException:
         sock.close()
         raise
-    server = ServerThread(create_app(engine), args.host, sock=sock)
+    server = ServerThread(create_app(engine), sock=sock)
     _run_until_stopped(server.start(), server.wait, server.stop)
     return 0
 
@@ -93,14 +94,14 @@ def _run_until_stopped(url: str, wait: Any, stop: Any) -> None:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from fulgor.engine.errors import EngineError
+    from fulgor.errors import FulgorError
 
     try:
         admin_token = _admin_token(args)
         if args.backend == "vllm":
             return _serve_vllm(args)
         return _serve_local(args, admin_token)
-    except (EngineError, ValueError, OSError) as exc:
+    except (FulgorError, ValueError, OSError) as exc:
         print(f"fulgor engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
 

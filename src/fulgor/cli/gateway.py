@@ -9,7 +9,6 @@ from ``--token-file`` or ``$FULGOR_TOKEN``; without one the gateway binds to loo
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,19 +63,11 @@ def build_gateway(args: argparse.Namespace, store: Any, key: str | None) -> Any:
     return create_gateway_app(store, upstreams, GatewayConfig(api_key=key, model_version=args.model_version))
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _run(args: argparse.Namespace) -> int:
     try:
         from fulgor.cli.serve import resolve_token
-        from fulgor.gateway.serving import bind_socket
+        from fulgor.net.asgi import serve_forever
+        from fulgor.net.sockets import bind_socket, is_loopback, url_of
         from fulgor.store.sync import open_store
 
         key = resolve_token(args.token_file)
@@ -86,25 +77,10 @@ def _run(args: argparse.Namespace) -> int:
             )
         store = open_store(args.store)
         app = build_gateway(args, store, key)
-        sock = _bind(bind_socket, args.host, args.port)
+        sock = bind_socket(args.host, args.port)
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
-    host, port = sock.getsockname()[:2]
-    print(f"http://{host}:{port}", flush=True)
-    _serve(app, sock, access_log=args.verbose)
+    print(url_of(sock), flush=True)
+    serve_forever(app, sock, access_log=args.verbose)
     return 0
-
-
-def _bind(bind_socket: Any, host: str, port: int) -> Any:
-    try:
-        return bind_socket(host, port)
-    except OSError as error:
-        raise ConfigError(f"cannot bind {host}:{port} ({error.strerror}); pick another --port or 0") from None
-
-
-def _serve(app: Any, sock: Any, *, access_log: bool) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=access_log)
-    uvicorn.Server(config).run(sockets=[sock])

@@ -54,6 +54,8 @@ def resolve_token(token_file: Path | None) -> str | None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
+        from fulgor.net.asgi import serve_forever
+        from fulgor.net.sockets import bind_socket, url_of
         from fulgor.store import server
         from fulgor.store.sync import open_store
 
@@ -66,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
         store = open_store(args.store)
         try:
             gateway = build_gateway(args, store, token) if args.upstream else None
-            sock = server.bind_socket(args.host, args.port)
+            sock = bind_socket(args.host, args.port)
         except (ConfigError, ImportError):
             _close(store)
             raise
@@ -74,8 +76,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     app = server.create_app(server.ServerConfig(store=store, token=token), gateway=gateway)
-    print(server.url_of(sock), flush=True)
-    server.serve_forever(app, sock, access_log=args.verbose)
+    print(url_of(sock), flush=True)
+    serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.state.fulgor.draining.begin)
     return 0
 
 

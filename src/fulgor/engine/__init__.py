@@ -15,7 +15,6 @@ from fulgor.engine.errors import (
     EngineUnavailableError,
     InvalidRequestError,
     ModelLoadError,
-    PortInUseError,
     UnknownModelError,
     VLLMError,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "LoadedModel",
     "LocalEngine",
     "ModelLoadError",
-    "PortInUseError",
     "SamplingParams",
     "UnknownModelError",
     "VLLMError",

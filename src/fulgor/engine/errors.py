@@ -16,7 +16,6 @@ __all__ = [
     "EngineUnavailableError",
     "InvalidRequestError",
     "ModelLoadError",
-    "PortInUseError",
     "UnknownModelError",
     "VLLMError",
 ]
@@ -93,19 +92,6 @@ class EngineUnavailableError(EngineError):
     """The engine is stopped or failed; the message says why."""
 
     code = "engine_unavailable"
-
-
-class PortInUseError(EngineError):
-    """The requested TCP port is taken by another process."""
-
-    code = "port_in_use"
-
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(
-            f"port {port} on {host} is already in use; pick another with --port, or --port 0 for a free one"
-        )
-        self.host = host
-        self.port = port
 
 
 class VLLMError(EngineError):

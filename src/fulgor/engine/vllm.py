@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulgor.engine.errors import VLLMError
-from fulgor.engine.serving import bind_socket
+from fulgor.net.sockets import bind_socket
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
 

@@ -35,11 +35,11 @@ from fulgor.gateway.errors import (
     UnauthorizedError,
 )
 from fulgor.gateway.extract import Endpoint
-from fulgor.gateway.http import HttpClient
 from fulgor.gateway.proxy import CallContext, forward_call
 from fulgor.gateway.recorder import CallRecord, Recorder
 from fulgor.gateway.rollouts import RolloutGuard
 from fulgor.gateway.upstreams import UpstreamPool
+from fulgor.net.http_client import HttpClient
 from fulgor.store.base import Store
 
 __all__ = ["Gateway", "create_gateway_app"]

@@ -19,9 +19,9 @@ import orjson
 from fulgor.gateway import anthropic
 from fulgor.gateway.errors import GatewayError
 from fulgor.gateway.extract import SseParser
-from fulgor.gateway.http import UpstreamResponse
 from fulgor.gateway.recorder import CallRecord
 from fulgor.gateway.upstreams import UpstreamPool, with_token_id_request
+from fulgor.net.http_client import HttpResponse
 
 __all__ = ["CallContext", "forward_call"]
 
@@ -94,7 +94,7 @@ async def _forward(pool: UpstreamPool, context: CallContext) -> None:
         response.abort()
 
 
-async def _whole(context: CallContext, response: UpstreamResponse) -> None:
+async def _whole(context: CallContext, response: HttpResponse) -> None:
     body = context.record.body = await response.read()
     content_type = response.headers.get("content-type", "application/json")
     if context.is_anthropic:
@@ -116,7 +116,7 @@ def _anthropic_body(status: int, body: bytes, model: Any) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": "api_error", "message": f"upstream: {message}"}})
 
 
-async def _stream(context: CallContext, response: UpstreamResponse) -> None:
+async def _stream(context: CallContext, response: HttpResponse) -> None:
     send = context.send
     chunks: list[bytes] = []
     context.record.stream_chunks = chunks

@@ -16,14 +16,13 @@ from typing import Any
 
 from fulgor.gateway.config import Upstream
 from fulgor.gateway.errors import UpstreamError
-from fulgor.gateway.http import HttpClient, UpstreamResponse
+from fulgor.net.http_client import HttpClient, HttpResponse
 
 __all__ = ["UpstreamPool", "with_token_id_request"]
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
-_CONNECT_ERRORS = (OSError, asyncio.IncompleteReadError, TimeoutError)
 
 
 def with_token_id_request(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
@@ -61,7 +60,7 @@ class UpstreamPool:
 
     async def send(
         self, rollout_id: str, method: str, suffix: str, body: bytes = b""
-    ) -> tuple[UpstreamResponse, Upstream]:
+    ) -> tuple[HttpResponse, Upstream]:
         """Send to the rollout's replica, retrying as the module docstring says."""
         index = self.replica_for(rollout_id)
         delay = self._backoff
@@ -73,7 +72,7 @@ class UpstreamPool:
                 response = await self._client.request(
                     method, key, upstream.base_path + suffix, self._headers[upstream.url], body
                 )
-            except _CONNECT_ERRORS as error:
+            except OSError as error:
                 last_error = f"{upstream.url}: {type(error).__name__}: {error}"
                 index += 1
             else:

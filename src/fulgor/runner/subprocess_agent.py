@@ -32,6 +32,7 @@ from typing import Any
 
 from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
 from fulgor.agent.emit import emit_message, emit_reward
+from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
 from fulgor.types import LLM, Resource, Rollout
 
 __all__ = ["ProgramResult", "SubprocessAgent"]
@@ -175,7 +176,7 @@ class _RewardEndpoint:
 
     async def register(self, context: RolloutContext) -> str:
         if self._server is None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            self._server = await serve_http(self._handle, "127.0.0.1", 0, max_body_bytes=_BODY_LIMIT_BYTES)
             self._port = self._server.sockets[0].getsockname()[1]
         token = secrets.token_urlsafe(16)
         self._contexts[token] = context
@@ -191,64 +192,29 @@ class _RewardEndpoint:
             self._server.close()
             self._server = None
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            status, body = await self._respond(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            status, body = 400, {"error": {"code": "bad_request", "message": "malformed HTTP request"}}
-        payload = json.dumps(body).encode()
-        reason = {
-            200: "OK",
-            400: "Bad Request",
-            404: "Not Found",
-            405: "Method Not Allowed",
-            413: "Too Large",
-        }
-        writer.write(
-            f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-            + payload
-        )
-        try:
-            await writer.drain()
-        finally:
-            writer.close()
-
-    async def _respond(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> tuple[int, dict[str, Any]]:
-        head = await reader.readuntil(b"\r\n\r\n")
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        method, path, _ = request_line.split(" ", 2)
-        headers = {
-            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in header_lines if line)
-        }
-        length = int(headers.get("content-length", "0"))
-        if length > _BODY_LIMIT_BYTES:
-            return 413, _error("too_large", f"the body may be at most {_BODY_LIMIT_BYTES} bytes")
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = await reader.readexactly(length)
-        context = self._contexts.get(path.removeprefix("/reward/"))
-        if method != "POST":
-            return 405, _error("method_not_allowed", 'POST {"value": 1.0} to this URL')
+    async def _handle(self, request: HttpRequest) -> HttpReply:
+        if request.method != "POST":
+            return error_reply(405, "method_not_allowed", 'POST {"value": 1.0} to this URL')
+        context = self._contexts.get(request.path.removeprefix("/reward/"))
         if context is None:
-            return 404, _error("not_found", "this reward URL belongs to no running rollout")
-        return self._record(context, body)
+            return error_reply(404, "not_found", "this reward URL belongs to no running rollout")
+        return self._record(context, request.body)
 
-    def _record(self, context: RolloutContext, body: bytes) -> tuple[int, dict[str, Any]]:
+    def _record(self, context: RolloutContext, body: bytes) -> HttpReply:
         try:
             data = json.loads(body)
             value = data["values"] if "values" in data else data["value"]
             with use_context(context):
                 reward = emit_reward(value, primary=data.get("primary"))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            return 400, _error(
-                "validation_error", 'send JSON like {"value": 1.0} or {"values": {...}, "primary": "..."}'
+            return error_reply(
+                400,
+                "validation_error",
+                'send JSON like {"value": 1.0} or {"values": {...}, "primary": "..."}',
             )
         except AgentError as error:
-            return 400, _error("validation_error", error.message)
-        return 200, {"value": reward.value, "primary": reward.primary}
+            return error_reply(400, "validation_error", error.message)
+        return HttpReply(body=json.dumps({"value": reward.value, "primary": reward.primary}).encode())
 
 
 def _kill_group(pgid: int) -> None:
@@ -256,7 +222,3 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _error(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}

@@ -12,7 +12,7 @@ need none: the store keeps one span per span_id). Long waits (``claim(wait_secon
 ``wait``) are held by the server in chunks of at most ``long_poll_seconds``, and the client asks
 again until its own deadline: nothing busy-polls.
 
-Speed: a small keep-alive HTTP/1.1 transport (:mod:`fulgor.store._http`) and request bodies built
+Speed: a small keep-alive HTTP/1.1 client (:mod:`fulgor.net.http_client`) and request bodies built
 from pre-serialised JSON. Needs no extra packages.
 """
 
@@ -32,10 +32,10 @@ from urllib.parse import quote, urlencode
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
-from fulgor.errors import InvalidTransitionError, NotFoundError, StoreError, ValidationError
+from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, StoreError, ValidationError
+from fulgor.net.http_client import HttpClient, split_url
 from fulgor.store import _api as api
 from fulgor.store import _rules as rules
-from fulgor.store._http import ConnectionPool, HttpResponse, TransportError
 from fulgor.types import (
     Attempt,
     AttemptedRollout,
@@ -97,7 +97,17 @@ class StoreClient:
         long_poll_seconds: float = 25.0,
     ) -> None:
         self.url = url.rstrip("/")
-        self._pool = ConnectionPool(self.url)
+        try:
+            self._origin, self._base_path = split_url(self.url)
+        except ValueError:
+            raise ConfigError(
+                f"server URL {url!r} must look like http://HOST:PORT or https://HOST:PORT"
+            ) from None
+        self._http = HttpClient(
+            connect_timeout_seconds=timeout_seconds,
+            read_timeout_seconds=timeout_seconds,
+            max_idle_per_origin=32,
+        )
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self._auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self.timeout_seconds = timeout_seconds
@@ -249,7 +259,7 @@ class StoreClient:
 
     async def close(self) -> None:
         """Close idle connections; the server and its store keep running."""
-        self._pool.close()
+        await self._http.close()
 
     # -- transport --------------------------------------------------------------------------------
 
@@ -269,23 +279,31 @@ class StoreClient:
         if idempotent:
             headers += f"{api.IDEMPOTENCY_HEADER}: {uuid.uuid4().hex}\r\n"
         target = api.PREFIX + path
-        response = await self._send(method, target, headers, body, self.timeout_seconds + wait_seconds)
-        if response.status >= 400:
-            raise _error(response)
-        return adapter.validate_json(response.body)
+        status, content = await self._send(method, target, headers, body, self.timeout_seconds + wait_seconds)
+        if status >= 400:
+            raise _error(status, content)
+        return adapter.validate_json(content)
 
     async def _send(
         self, method: str, target: str, headers: str, body: bytes | None, timeout_seconds: float
-    ) -> HttpResponse:
-        """The response, retrying connection failures and 502/503/504 with backoff."""
+    ) -> tuple[int, bytes]:
+        """The response's status and body, retrying connection failures and 502/503/504 with backoff."""
         for attempt in range(self.max_retries + 1):
             try:
-                response = await self._pool.request(method, target, headers, body, timeout_seconds)
-            except TransportError as error:
-                problem = str(error)
+                response = await self._http.request(
+                    method,
+                    self._origin,
+                    self._base_path + target,
+                    headers,
+                    body or b"",
+                    timeout_seconds=timeout_seconds,
+                )
+                content = await response.read()
+            except OSError as error:
+                problem = str(error) or type(error).__name__
             else:
                 if response.status not in _RETRY_STATUSES:
-                    return response
+                    return response.status, content
                 problem = f"HTTP {response.status}"
             if attempt == self.max_retries:
                 break
@@ -298,15 +316,13 @@ class StoreClient:
         )
 
 
-def _error(response: HttpResponse) -> StoreError | ValidationError:
+def _error(status: int, body: bytes) -> StoreError | ValidationError:
     """The fulgor error a 4xx/5xx response stands for."""
     try:
-        detail = api.ErrorBody.model_validate_json(response.body).error
+        detail = api.ErrorBody.model_validate_json(body).error
     except ValueError:
-        text = response.body[:200].decode("utf-8", "replace")
-        return StoreServerError(
-            response.status, "http_error", f"HTTP {response.status} without a fulgor error body: {text}"
-        )
+        text = body[:200].decode("utf-8", "replace")
+        return StoreServerError(status, "http_error", f"HTTP {status} without a fulgor error body: {text}")
     if detail.code == NotFoundError.code:
         return NotFoundError(detail.message)
     if detail.code == ValidationError.code:
@@ -314,7 +330,7 @@ def _error(response: HttpResponse) -> StoreError | ValidationError:
     if detail.code == InvalidTransitionError.code and detail.details is not None:
         d = detail.details
         return InvalidTransitionError(d["kind"], d["object_id"], d["from_status"], d["to_status"])
-    return StoreServerError(response.status, detail.code, detail.message)
+    return StoreServerError(status, detail.code, detail.message)
 
 
 # -- request building -------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``create_app(ServerConfig(store=...))`` builds a FastAPI app with the store routes, OTLP/HTTP span
 ingestion at ``/v1/traces``, ``/healthz`` and the OpenAPI spec at ``/openapi.json``; other routers
-(the gateway) are mounted into the same app with ``extra_routers``. ``serve_forever`` runs it with
-uvicorn for ``fulgor serve``; :class:`BackgroundServer` runs it on a thread inside another program.
+(the gateway) are mounted into the same app with ``extra_routers``. ``fulgor serve`` runs it with
+:func:`fulgor.net.asgi.serve_forever`; :class:`BackgroundServer` runs it on a thread inside another
+program.
 
 The store routes (:mod:`fulgor.store._store_api`) are lean on purpose: they are served ahead of
 the framework's router, read the raw body, validate it with ``model_validate_json`` and return
@@ -13,15 +14,8 @@ Requires the ``server`` extra.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
-import ipaddress
 import logging
-import signal
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +23,6 @@ from fulgor.errors import ConfigError, FulgorError
 from fulgor.store import _api as api
 
 try:
-    import uvicorn
     from fastapi import APIRouter, FastAPI
     from fastapi.openapi.utils import get_openapi
     from fastapi.routing import APIRoute
@@ -45,6 +38,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 from fulgor import __version__
+from fulgor.net.asgi import ServerThread
+from fulgor.net.sockets import is_loopback
 from fulgor.store import _serving as serving
 from fulgor.store import _store_api as store_api
 from fulgor.store._serving import ServerConfig
@@ -52,15 +47,7 @@ from fulgor.store._serving import ServerConfig
 if TYPE_CHECKING:
     from fulgor.gateway import Gateway
 
-__all__ = [
-    "BackgroundServer",
-    "ServerConfig",
-    "bind_socket",
-    "check_bind",
-    "create_app",
-    "serve_forever",
-    "url_of",
-]
+__all__ = ["BackgroundServer", "ServerConfig", "check_bind", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +201,7 @@ def _openapi(app: FastAPI, *, secured: bool) -> dict[str, Any]:
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve a non-loopback address without a token (anyone reaching it could use the store)."""
-    if token is not None or _is_loopback(host):
+    if token is not None or is_loopback(host):
         return
     raise ConfigError(
         f"refusing to serve on {host} without a token: anyone who can reach that address could read and "
@@ -224,124 +211,13 @@ def check_bind(host: str, token: str | None) -> None:
     )
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+class BackgroundServer(ServerThread):
+    """The store server on its own thread and event loop, e.g. inside a trainer or a test.
 
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (port 0: a free one); a clear ConfigError when taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), port))
-        sock.listen(2048)
-    except OSError as error:
-        sock.close()
-        if error.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"port {port} on {host} is already in use: stop the process holding it "
-                f"(find it with `lsof -i :{port}` or `ss -ltnp 'sport = :{port}'`), or choose another port "
-                "with --port P (--port 0 picks a free one)"
-            ) from None
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {error.strerror}; check --host and --port"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    """``http://HOST:PORT`` of a bound socket, with the real port."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server, draining long-polls as soon as shutdown begins."""
-
-    def __init__(self, config: uvicorn.Config, draining: serving.Draining) -> None:
-        super().__init__(config)
-        self._draining = draining
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self._draining.begin()
-        super().handle_exit(sig, frame)
-
-
-def _uvicorn_server(app: FastAPI, *, access_log: bool) -> _Server:
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        access_log=access_log,
-        lifespan="on",
-        timeout_keep_alive=75,
-        timeout_graceful_shutdown=5,
-    )
-    return _Server(config, app.state.fulgor.draining)
-
-
-def serve_forever(app: FastAPI, sock: socket.socket, *, access_log: bool = False) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down cleanly: long-polls answered, store closed."""
-    server = _uvicorn_server(app, access_log=access_log)
-    # uvicorn re-raises the signal after a graceful shutdown; quiet handlers make that a normal return.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server.run(sockets=[sock])
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sock.close()
-
-
-def _ignore(sig: int, frame: Any) -> None:
-    logger.debug("signal %s after shutdown ignored", sig)
-
-
-class BackgroundServer:
-    """Serves an app on its own thread and event loop, e.g. inside a trainer or a test.
-
-    ``start()`` returns the URL once the server accepts requests; ``stop()`` shuts it down
-    (long-polls answered, store closed) and releases the port.
+    It refuses a non-loopback ``host`` without a token (:func:`check_bind`); ``stop()`` answers held
+    long-polls at once, then closes the store and releases the port.
     """
 
     def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> None:
         check_bind(host, app.state.fulgor.config.token)
-        self.app = app
-        self._sock = bind_socket(host, port)
-        self.url = url_of(self._sock)
-        self._server = _uvicorn_server(app, access_log=False)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, name="fulgor-server", daemon=True
-        )
-
-    def start(self, timeout_seconds: float = 30.0) -> str:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_seconds
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"the server at {self.url} did not start; see the log for why")
-            time.sleep(0.002)
-        return self.url
-
-    def stop(self) -> None:
-        self.app.state.fulgor.draining.begin()
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
-        self._sock.close()
-
-    async def astop(self) -> None:
-        """:meth:`stop` without blocking the caller's event loop."""
-        await asyncio.to_thread(self.stop)
-
-    def __enter__(self) -> BackgroundServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        super().__init__(app, host=host, port=port, on_shutdown=app.state.fulgor.draining.begin)

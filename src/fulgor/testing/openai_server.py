@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fulgor.testing._http import HttpRequest, HttpResponse, serve_http
+from fulgor.net.http_server import HttpReply, HttpRequest, serve_http
 
 __all__ = ["Sample", "ScriptedOpenAIServer", "ScriptedReply", "ScriptedToolCall", "encode"]
 
@@ -174,7 +174,7 @@ class ScriptedOpenAIServer:
 
     # -- protocol ---------------------------------------------------------------------------------
 
-    async def _handle(self, request: HttpRequest) -> HttpResponse:
+    async def _handle(self, request: HttpRequest) -> HttpReply:
         path = request.path.split("?", 1)[0]
         if request.method == "GET" and path == "/v1/models":
             data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "fulgor"}]
@@ -223,7 +223,7 @@ class ScriptedOpenAIServer:
 
     # -- chat -------------------------------------------------------------------------------------
 
-    def _chat(self, body: JsonDict, request: HttpRequest) -> HttpResponse:
+    def _chat(self, body: JsonDict, request: HttpRequest) -> HttpReply:
         prompt_ids = encode(render_chat_prompt(body))
         replies = [self._next_reply() for _ in range(int(body.get("n") or 1))]
         samples = [self._sample("chat", prompt_ids, reply) for reply in replies]
@@ -289,7 +289,7 @@ class ScriptedOpenAIServer:
 
     # -- completions ------------------------------------------------------------------------------
 
-    def _completions(self, body: JsonDict, request: HttpRequest) -> HttpResponse:
+    def _completions(self, body: JsonDict, request: HttpRequest) -> HttpReply:
         prompts = _prompts(body.get("prompt", ""))
         per_prompt = int(body.get("n") or 1)
         samples = [
@@ -401,14 +401,12 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
 
 
-def _json(payload: JsonDict, status: int = 200) -> HttpResponse:
-    return HttpResponse(status=status, body=json.dumps(payload).encode())
+def _json(payload: JsonDict, status: int = 200) -> HttpReply:
+    return HttpReply(status=status, body=json.dumps(payload).encode())
 
 
-def _sse(stream: AsyncIterator[bytes]) -> HttpResponse:
-    return HttpResponse(
-        content_type="text/event-stream", stream=stream, headers={"cache-control": "no-cache"}
-    )
+def _sse(stream: AsyncIterator[bytes]) -> HttpReply:
+    return HttpReply(content_type="text/event-stream", stream=stream, headers={"cache-control": "no-cache"})
 
 
 def _event(payload: JsonDict) -> bytes:

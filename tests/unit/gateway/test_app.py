@@ -7,9 +7,9 @@ import pytest
 
 from fulgor.errors import ConfigError
 from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
+from fulgor.net.asgi import serve_asgi
 from fulgor.store.memory import MemoryStore
 from fulgor.testing import ScriptedOpenAIServer
-from fulgor.testing.asgi import serve_asgi
 from fulgor.types import RolloutRequest
 
 

@@ -15,9 +15,10 @@ from servetools import ServedStore, serve_sqlite
 from storetools import FakeClock, request, span
 
 from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError
+from fulgor.net.sockets import bind_socket
 from fulgor.store.client import StoreServerError
 from fulgor.store.memory import MemoryStore
-from fulgor.store.server import BackgroundServer, ServerConfig, bind_socket, check_bind, create_app
+from fulgor.store.server import BackgroundServer, ServerConfig, check_bind, create_app
 
 TOKEN = "s3cret-token"
 

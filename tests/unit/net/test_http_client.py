@@ -1,13 +1,14 @@
-"""The lean upstream HTTP client: keep-alive reuse, chunked bodies, stale pooled connections."""
+"""The lean HTTP client: keep-alive reuse, chunked bodies, stale pooled connections, transport errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from fulgor.gateway.config import Upstream
-from fulgor.gateway.http import HttpClient
+from fulgor.net.http_client import HttpClient, TransportError, split_url
 from fulgor.testing import ScriptedOpenAIServer
 
 HEADERS = "Content-Type: application/json\r\n"
@@ -65,3 +66,49 @@ async def test_connection_refused_raises() -> None:
     client = HttpClient(connect_timeout_seconds=1)
     with pytest.raises(ConnectionRefusedError):
         await client.request("GET", ("http", "127.0.0.1", 1), "/v1/models", HEADERS)
+
+
+async def test_a_whole_body_and_a_reply_too_slow_is_a_timed_out_transport_error() -> None:
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    client = HttpClient()
+    try:
+        with pytest.raises(TransportError) as raised:
+            await client.request(
+                "GET", ("http", "127.0.0.1", server.sockets[0].getsockname()[1]), "/", "", timeout_seconds=0.2
+            )
+        assert raised.value.timed_out
+        assert isinstance(raised.value, OSError)
+    finally:
+        server.close()
+        await client.close()
+
+
+async def test_a_response_cut_short_is_a_transport_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nshort\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(cut, "127.0.0.1", 0)
+    client = HttpClient()
+    origin = ("http", "127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        response = await client.request("GET", origin, "/", "")
+        assert response.status == 200
+        with pytest.raises(TransportError, match="closed the connection"):
+            await response.read()
+    finally:
+        server.close()
+        await client.close()
+
+
+def test_split_url() -> None:
+    assert split_url("https://api.example.com/v1/") == (("https", "api.example.com", 443), "/v1")
+    assert split_url("http://127.0.0.1:8474") == (("http", "127.0.0.1", 8474), "")
+    with pytest.raises(ValueError, match="not an http"):
+        split_url("ftp://example.com")

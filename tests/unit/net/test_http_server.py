@@ -1,0 +1,77 @@
+"""The minimal HTTP/1.1 server: keep-alive, chunked replies, 100-continue, body limits, bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
+
+
+async def echo(request: HttpRequest) -> HttpReply:
+    if request.path == "/stream":
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for part in (b"one ", b"two"):
+                yield part
+
+        return HttpReply(stream=chunks(), content_type="text/plain")
+    if request.path == "/missing":
+        return error_reply(404, "not_found", "nothing here")
+    return HttpReply(body=json.dumps({"method": request.method, "body": request.body.decode()}).encode())
+
+
+async def exchange(raw: bytes, *, max_body_bytes: int | None = None) -> bytes:
+    """Everything a fresh server answers to ``raw`` before it closes the connection."""
+    server = await serve_http(echo, "127.0.0.1", 0, max_body_bytes=max_body_bytes)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(raw)
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return data
+    finally:
+        server.close()
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    request = b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi"
+    last = b"GET /missing HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    data = await exchange(request + request + last)
+    assert data.count(b"HTTP/1.1 200 OK") == 2
+    assert b'{"method": "POST", "body": "hi"}' in data
+    assert b"HTTP/1.1 404 Not Found" in data
+    assert b'"code": "not_found"' in data
+
+
+async def test_a_stream_is_sent_chunked() -> None:
+    data = await exchange(b"GET /stream HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert b"transfer-encoding: chunked" in data
+    assert data.endswith(b"4\r\none \r\n3\r\ntwo\r\n0\r\n\r\n")
+
+
+async def test_expect_100_continue_is_answered_before_the_body() -> None:
+    server = await serve_http(echo, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    writer.write(
+        b"POST /x HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    )
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"hi")
+    assert b"HTTP/1.1 200 OK" in await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    server.close()
+
+
+async def test_a_body_over_the_limit_is_413_without_reading_it() -> None:
+    data = await exchange(b"POST /x HTTP/1.1\r\nContent-Length: 11\r\n\r\n", max_body_bytes=10)
+    assert data.startswith(b"HTTP/1.1 413 Content Too Large")
+    assert b"connection: close" in data
+    assert b"at most 10 bytes" in data
+
+
+async def test_a_malformed_request_is_400() -> None:
+    data = await exchange(b"NONSENSE\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 400 Bad Request")
+    assert b'"code": "bad_request"' in data
