@@ -36,7 +36,10 @@ def _server(app: Any, *, access_log: bool, on_shutdown: ShutdownHook | None) -> 
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            self.begin_shutdown()
+            # uvicorn takes a SIGINT that arrives while ``should_exit`` is already set as a second
+            # Ctrl+C and skips the app's lifespan shutdown: run the hook without setting it first.
+            if not self.should_exit and on_shutdown is not None:
+                on_shutdown()
             super().handle_exit(sig, frame)
 
         def begin_shutdown(self) -> None:
