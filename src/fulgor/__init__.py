@@ -6,6 +6,8 @@ framework; those load lazily inside the components that need them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from fulgor.agent import (
     Agent,
     emit_exception,
@@ -39,9 +41,17 @@ from fulgor.types import (
     Worker,
 )
 
+if TYPE_CHECKING:
+    from fulgor.algorithms.grpo import GRPO
+    from fulgor.training import Trainer
+
 __version__ = "0.1.0"
 
+# Loaded on first use, so that `import fulgor` stays small.
+_LAZY = {"GRPO": "fulgor.algorithms.grpo", "Trainer": "fulgor.training"}
+
 __all__ = [
+    "GRPO",
     "LLM",
     "Agent",
     "Attempt",
@@ -60,6 +70,7 @@ __all__ = [
     "Span",
     "StoreError",
     "SubprocessAgent",
+    "Trainer",
     "ValidationError",
     "Worker",
     "__version__",
@@ -70,3 +81,11 @@ __all__ = [
     "operation",
     "rollout",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fulgor' has no attribute {name!r}")

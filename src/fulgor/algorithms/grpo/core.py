@@ -62,9 +62,11 @@ def _group_stats(
     import torch
 
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(counts.shape, dtype=rewards.dtype).index_add_(0, inverse, rewards)
+    sums = torch.zeros(counts.shape, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, inverse, rewards
+    )
     means = sums / counts
-    squares = torch.zeros(counts.shape, dtype=rewards.dtype).index_add_(
+    squares = torch.zeros(counts.shape, dtype=rewards.dtype, device=rewards.device).index_add_(
         0, inverse, (rewards - means[inverse]) ** 2
     )
     stds = torch.where(counts > 1, (squares / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(means))
@@ -175,10 +177,10 @@ def policy_loss(
         weight = torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
     per_token = per_token * weight * mask
     if tokens_per_rollout is None:
-        tokens_per_rollout = torch.zeros(n_rollouts, dtype=mask.dtype).index_add_(
+        tokens_per_rollout = torch.zeros(n_rollouts, dtype=mask.dtype, device=mask.device).index_add_(
             0, rollout_index, mask.sum(1)
         )
-    loss_per_rollout = torch.zeros(n_rollouts, dtype=per_token.dtype).index_add_(
+    loss_per_rollout = torch.zeros(n_rollouts, dtype=per_token.dtype, device=per_token.device).index_add_(
         0, rollout_index, per_token.sum(1)
     )
     loss = (loss_per_rollout / tokens_per_rollout.clamp(min=1.0)).sum() / max(n_rollouts, 1)

@@ -35,6 +35,17 @@ class Batch:
     rollout_index: torch.Tensor
     n_rollouts: int
 
+    def to(self, device: Any) -> Batch:
+        """The same batch on ``device`` (the model's)."""
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.loss_mask.to(device),
+            self.sampling_logprobs.to(device),
+            self.rollout_index.to(device),
+            self.n_rollouts,
+        )
+
 
 def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
     """Right-pad every row of every trajectory; masks come from lengths, never from token values."""
@@ -103,11 +114,13 @@ class PolicyUpdater:
         """One update from a batch of trajectories; returns the step's metrics."""
         import torch
 
+        device = next(self.model.parameters()).device
         advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
-        batch = collate(trajectories)
+        advantages = advantages.to(device)
+        batch = collate(trajectories).to(device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        tokens_per_rollout = torch.zeros(batch.n_rollouts).index_add_(
+        tokens_per_rollout = torch.zeros(batch.n_rollouts, device=device).index_add_(
             0, batch.rollout_index, batch.loss_mask.sum(1)
         )
         total_tokens = float(batch.loss_mask.sum())

@@ -1,0 +1,126 @@
+"""GRPO as the trainer runs it: how many rollouts per task, which tasks each step, how to sample.
+
+``GRPO`` holds the run's hyperparameters (keyword-only, validated early) and answers the questions
+the trainer asks of an algorithm: the tasks of step N, the sampling parameters for training and for
+validation, and the policy updater for a model. The update itself (advantages, clipped loss,
+optimiser step) lives in :mod:`fulgor.algorithms.grpo.update`.
+
+What it does not know: stores, gateways, engines or runners (the trainer wires those).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fulgor.algorithms.grpo.config import GRPOConfig
+from fulgor.errors import ConfigError
+from fulgor.types import JsonDict, RolloutMode
+
+if TYPE_CHECKING:
+    from fulgor.algorithms.grpo.update import PolicyUpdater
+
+__all__ = ["GRPO"]
+
+
+class GRPO:
+    """Group Relative Policy Optimisation over an agent's own rollouts.
+
+    Each step samples ``group_size`` rollouts for each of ``batch_tasks`` training tasks (one
+    GRPO group per task), turns them into trajectories and applies one policy update with
+    ``config`` (learning rate, advantage estimator, clipping, KL; see :class:`GRPOConfig`). Every
+    ``val_every`` steps each validation task runs once with greedy sampling (temperature 0).
+    Tasks are drawn from a shuffled pass over the training set (reshuffled each pass, by ``seed``).
+    ``max_trajectory_tokens`` truncates longer token rows (counted as drift).
+    """
+
+    def __init__(
+        self,
+        *,
+        group_size: int = 8,
+        batch_tasks: int = 8,
+        max_steps: int = 100,
+        val_every: int = 10,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 256,
+        max_trajectory_tokens: int | None = None,
+        agent_match: str | None = None,
+        seed: int = 0,
+        config: GRPOConfig | None = None,
+    ) -> None:
+        self.group_size = group_size
+        self.batch_tasks = batch_tasks
+        self.max_steps = max_steps
+        self.val_every = val_every
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_tokens = max_tokens
+        self.max_trajectory_tokens = max_trajectory_tokens
+        self.agent_match = agent_match
+        self.seed = seed
+        self.config = config or GRPOConfig()
+        self._validate()
+
+    def _validate(self) -> None:
+        for name in ("group_size", "batch_tasks", "max_steps", "val_every", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"GRPO {name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ConfigError(
+                "GRPO group_size must be >= 2 (advantages compare the rollouts of one task), "
+                f"got {self.group_size}"
+            )
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(
+                f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
+            )
+        if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
+            raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
+
+    def __repr__(self) -> str:
+        return (
+            f"GRPO(group_size={self.group_size}, batch_tasks={self.batch_tasks}, max_steps={self.max_steps}, "
+            f"val_every={self.val_every}, temperature={self.temperature}, max_tokens={self.max_tokens}, "
+            f"config={self.config})"
+        )
+
+    def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
+        """What the agent passes to the model: the training temperature, or greedy for validation."""
+        if mode == "val":
+            return {"temperature": 0.0, "max_tokens": self.max_tokens}
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def step_tasks(self, dataset: Sequence[Any], step: int) -> list[Any]:
+        """The ``batch_tasks`` training tasks of ``step`` (1-based); the same step always gets the same.
+
+        >>> grpo = GRPO(group_size=4, batch_tasks=2)
+        >>> sorted(grpo.step_tasks(["a", "b", "c", "d"], 1) + grpo.step_tasks(["a", "b", "c", "d"], 2))
+        ['a', 'b', 'c', 'd']
+        """
+        if not dataset:
+            raise ConfigError("the training dataset is empty; pass at least one task")
+        start = (step - 1) * self.batch_tasks
+        return [
+            dataset[self._index(len(dataset), position)]
+            for position in range(start, start + self.batch_tasks)
+        ]
+
+    def _index(self, size: int, position: int) -> int:
+        epoch, offset = divmod(position, size)
+        order = list(range(size))
+        random.Random(f"{self.seed}-{epoch}").shuffle(order)
+        return order[offset]
+
+    def validates_at(self, step: int) -> bool:
+        """Whether validation runs after ``step``: every ``val_every`` steps and after the last one."""
+        return step % self.val_every == 0 or step == self.max_steps
+
+    def updater(self, model: Any, reference_model: Any | None = None) -> PolicyUpdater:
+        """The policy updater (optimiser included) that trains ``model`` in place."""
+        from fulgor.algorithms.grpo.update import PolicyUpdater
+
+        if self.config.kl_coef > 0 and reference_model is None:
+            raise ConfigError("kl_coef > 0 needs a reference model; set kl_coef=0 or pass one")
+        return PolicyUpdater(model, self.config, reference_model=reference_model)

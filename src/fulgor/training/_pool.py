@@ -1,0 +1,47 @@
+"""Entry point of the trainer's runner processes: ``python -m fulgor.training._pool SPEC URL CONFIG FD``.
+
+Runs a :class:`~fulgor.runner.pool.RunnerPool` in a fresh interpreter (never a fork or spawn of the
+trainer, which would re-run the user's script), with the trainer's :class:`RunnerConfig` given as
+JSON, so every setting (claim long-poll, heartbeat, grace period) reaches the runners. ``FD`` is the
+read end of a pipe whose write end only the trainer holds: when it reads end-of-file the trainer
+is gone, however it ended, and the pool drains and exits instead of outliving it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+
+from fulgor.runner.pool import PoolConfig, RunnerPool
+from fulgor.runner.worker import RunnerConfig
+
+__all__ = ["command_line", "main"]
+
+
+def command_line(spec: str, store_url: str, config: PoolConfig, parent_fd: int) -> list[str]:
+    """The command that runs ``config.n_runners`` runners of ``spec`` against ``store_url``."""
+    settings = {"n_runners": config.n_runners, "runner": dataclasses.asdict(config.runner)}
+    return [sys.executable, "-m", __name__, spec, store_url, json.dumps(settings), str(parent_fd)]
+
+
+def main(argv: list[str]) -> int:
+    spec, store_url, settings, parent_fd = argv
+    options = json.loads(settings)
+    config = PoolConfig(n_runners=options["n_runners"], runner=RunnerConfig(**options["runner"]))
+    pool = RunnerPool(spec, store_url, config)
+    threading.Thread(target=_drain_when_parent_exits, args=(int(parent_fd),), daemon=True).start()
+    return pool.run()
+
+
+def _drain_when_parent_exits(fd: int) -> None:
+    while os.read(fd, 4096):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # the pool's own handler: drain, then exit
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

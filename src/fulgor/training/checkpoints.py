@@ -1,0 +1,79 @@
+"""The trainer's own copy of the model, and the checkpoints it writes under ``run_dir/checkpoints``.
+
+The engine serves one copy of the weights and the trainer updates another; after each step the
+trainer saves its copy as ``checkpoints/step-N`` (written to a temporary directory and renamed, so
+a checkpoint that exists is complete) and the engine loads it. A run restarted on the same run
+directory continues from the newest complete checkpoint.
+
+Needs ``fulgor[torch]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Policy", "latest_checkpoint", "load_policy", "set_torch_threads"]
+
+logger = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class Policy:
+    """The model the trainer updates, with its tokenizer."""
+
+    model: Any
+    tokenizer: Any
+
+    def save(self, checkpoints: Path, step: int) -> Path:
+        """Save as ``checkpoints/step-{step}`` (complete or absent, never half written)."""
+        final = checkpoints / f"step-{step}"
+        partial = checkpoints / f".step-{step}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        self.model.save_pretrained(partial)
+        self.tokenizer.save_pretrained(partial)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        return final
+
+
+def load_policy(path: Path, device: str) -> Policy:
+    """Load a model directory for training (float32, gradients on) on ``device``."""
+    from fulgor.engine.loading import load_model, resolve_device
+
+    loaded = load_model(path, device=resolve_device(device), dtype="float32")
+    return Policy(loaded.model, loaded.tokenizer)
+
+
+def latest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
+    """The newest complete ``step-N`` checkpoint, as ``(N, path)``; None when there is none."""
+    found: list[tuple[int, Path]] = []
+    if checkpoints.is_dir():
+        for entry in checkpoints.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and (entry / "config.json").is_file():
+                found.append((int(match.group(1)), entry))
+    return max(found) if found else None
+
+
+def set_torch_threads(threads: int | None) -> int:
+    """Use ``threads`` torch threads (default: every core this process may run on); returns it."""
+    import torch
+
+    count = threads or _usable_cores()
+    torch.set_num_threads(count)
+    return count
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (containers, taskset)
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -1,0 +1,123 @@
+"""What the trainer reports: a dev run's per-rollout table, and one JSON line of metrics per step.
+
+``DevReport`` lists each rollout's status, reward, model calls and drift; ``str(report)`` is a
+table to print. ``MetricsLog`` appends one JSON object per training step to ``metrics.jsonl``;
+``PhaseTimer`` measures the seconds each named step of a training step took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fulgor.adapters.trajectory import DriftReport
+from fulgor.training.rollouts import RolloutOutcome
+
+__all__ = ["DevReport", "MetricsLog", "PhaseTimer", "RolloutReport", "drift_total"]
+
+# Drift counters that are not problems: how many calls there were and how many were trained.
+_VOLUME_COUNTERS = ("calls_total", "calls_trained")
+
+
+@dataclass(frozen=True)
+class RolloutReport:
+    """One rollout of a dev run."""
+
+    rollout_id: str
+    status: str
+    reward: float | None
+    model_calls: int
+    drift: dict[str, int]
+    resources_id: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_outcome(cls, outcome: RolloutOutcome) -> RolloutReport:
+        return cls(
+            rollout_id=outcome.rollout.rollout_id,
+            status=outcome.rollout.status,
+            reward=outcome.reward,
+            model_calls=outcome.model_calls,
+            drift={name: int(value) for name, value in vars(outcome.drift).items()},
+            resources_id=outcome.rollout.resources_id,
+            error=outcome.error,
+        )
+
+    @property
+    def problems(self) -> dict[str, int]:
+        """The drift counters that are not zero, volume counters left out."""
+        return {k: v for k, v in self.drift.items() if v and k not in _VOLUME_COUNTERS}
+
+
+@dataclass(frozen=True)
+class DevReport:
+    """A dev run: every rollout, and totals."""
+
+    rollouts: list[RolloutReport]
+
+    @property
+    def reward_mean(self) -> float | None:
+        rewards = [r.reward for r in self.rollouts if r.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    @property
+    def drift(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for report in self.rollouts:
+            for name, value in report.drift.items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def __str__(self) -> str:
+        lines = [f"{'rollout':<24} {'status':<10} {'reward':>7} {'calls':>5}  drift / error"]
+        for r in self.rollouts:
+            reward = "-" if r.reward is None else f"{r.reward:.3f}"
+            notes = ", ".join(f"{k}={v}" for k, v in r.problems.items()) or "ok"
+            if r.error:
+                notes = f"{notes}; {r.error}"
+            lines.append(f"{r.rollout_id:<24} {r.status:<10} {reward:>7} {r.model_calls:>5}  {notes}")
+        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
+        succeeded = sum(1 for r in self.rollouts if r.status == "succeeded")
+        lines.append(f"{len(self.rollouts)} rollouts, {succeeded} succeeded, reward mean {mean}")
+        return "\n".join(lines)
+
+
+def drift_total(outcomes: Sequence[RolloutOutcome]) -> DriftReport:
+    total = DriftReport()
+    for outcome in outcomes:
+        total.add(outcome.drift)
+    return total
+
+
+class PhaseTimer:
+    """Seconds per named phase: ``with timer("update_policy"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
+@dataclass
+class MetricsLog:
+    """Appends one JSON object per step to ``path`` (a restarted run appends to the same file)."""
+
+    path: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, metrics: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as file:
+            file.write(json.dumps(metrics, sort_keys=False) + "\n")
+        self.history.append(metrics)

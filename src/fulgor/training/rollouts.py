@@ -1,0 +1,80 @@
+"""Rollouts for training and evaluation: enqueue them, wait for them, read what they produced.
+
+``run_rollouts`` enqueues requests and waits until every rollout has ended (the store's watchdog
+ends rollouts whose agents hang or whose runners die, by their ``RolloutConfig``).
+``read_outcome`` turns one ended rollout's spans into a :class:`RolloutOutcome`: its reward, model
+calls, trajectory and drift report. Only succeeded rollouts become trajectories.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
+from fulgor.store.base import LATEST, Store
+from fulgor.training.runners import RunnerGroup
+from fulgor.types import Rollout, RolloutRequest
+
+__all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "run_rollouts"]
+
+logger = logging.getLogger(__name__)
+
+_WAIT_SLICE_SECONDS = 5.0
+
+
+@dataclass
+class RolloutOutcome:
+    """One ended rollout as training and debugging see it."""
+
+    rollout: Rollout
+    reward: float | None
+    model_calls: int
+    trajectory: Trajectory | None
+    drift: DriftReport = field(default_factory=DriftReport)
+    error: str | None = None
+
+    @property
+    def sampled_tokens(self) -> int:
+        if self.trajectory is None:
+            return 0
+        return sum(row.trained_tokens for row in self.trajectory.rows)
+
+
+async def run_rollouts(
+    store: Store, requests: Sequence[RolloutRequest], runners: RunnerGroup
+) -> list[Rollout]:
+    """Enqueue ``requests`` and return their rollouts, in order, once every one has ended."""
+    enqueued = await store.enqueue(requests)
+    ended: dict[str, Rollout] = {}
+    pending = [rollout.rollout_id for rollout in enqueued]
+    while pending:
+        runners.check()
+        for rollout in await store.wait(pending, timeout_seconds=_WAIT_SLICE_SECONDS):
+            ended[rollout.rollout_id] = rollout
+        pending = [rollout_id for rollout_id in pending if rollout_id not in ended]
+    return [ended[rollout.rollout_id] for rollout in enqueued]
+
+
+async def read_outcome(
+    store: Store, rollout: Rollout, *, agent_match: str | None = None, max_tokens: int | None = None
+) -> RolloutOutcome:
+    """The reward, model calls, trajectory and drift of one ended rollout's latest attempt."""
+    spans = await store.query_spans(rollout.rollout_id, LATEST)
+    calls = len(model_calls(spans))
+    reward = rollout_reward(spans)
+    if rollout.status != "succeeded":
+        attempts = await store.list_attempts(rollout.rollout_id)
+        error = attempts[-1].error if attempts else None
+        return RolloutOutcome(rollout, reward, calls, None, error=error or rollout.status)
+    trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
+    return RolloutOutcome(rollout, reward, calls, trajectory, drift)
+
+
+def groups_without_signal(trajectories: Sequence[Trajectory]) -> int:
+    """Groups whose rollouts all got the same reward (or that have one rollout): no advantage to learn."""
+    rewards: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        rewards.setdefault(trajectory.group_id or trajectory.rollout_id, []).append(trajectory.reward)
+    return sum(1 for values in rewards.values() if len(values) < 2 or max(values) == min(values))

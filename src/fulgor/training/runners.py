@@ -1,0 +1,165 @@
+"""The trainer's runners: a process pool when child processes can import the agent, else in-process.
+
+A ``@fulgor.rollout`` function defined at module level is importable by its ``module:qualname``, so
+``n_runners`` processes run it (a :class:`~fulgor.runner.pool.RunnerPool`).
+Anything else (an ``Agent`` instance with state, a function defined in ``__main__`` or inside
+another function) runs in ``n_runners`` :class:`~fulgor.runner.Runner` loops on the trainer's own
+event loop.
+
+Either way the group stops cleanly: running rollouts get the grace period, then are cancelled and
+their attempts marked failed; no process is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+from fulgor.agent.base import RolloutFunction, Runnable
+from fulgor.errors import ConfigError, FulgorError
+from fulgor.runner.pool import PoolConfig, load_agent
+from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
+from fulgor.store.base import Store
+
+__all__ = ["InProcessRunners", "ProcessRunners", "RunnerGroup", "agent_spec", "start_runners"]
+
+logger = logging.getLogger(__name__)
+
+
+class RunnerGroup(Protocol):
+    """Runners the trainer started; ``check`` raises when they can no longer run rollouts."""
+
+    description: str
+
+    def check(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def agent_spec(agent: Runnable) -> str | None:
+    """``module:qualname`` when another process importing it gets this very agent; else None."""
+    if not isinstance(agent, RolloutFunction):
+        return None
+    module, qualname = agent.func.__module__, agent.func.__qualname__
+    if module == "__main__" or "<locals>" in qualname:
+        return None
+    spec = f"{module}:{qualname}"
+    try:
+        loaded = load_agent(spec)
+    except ConfigError:
+        return None
+    return spec if loaded is agent else None
+
+
+def start_runners(
+    agent: Runnable,
+    store: Store,
+    store_url: str,
+    n_runners: int,
+    config: RunnerConfig,
+    log_path: Path,
+) -> RunnerGroup:
+    """Start ``n_runners`` runners for ``agent``: processes when they can import it, else in-process.
+
+    Runner processes write their log to ``log_path``; in-process runners log like the trainer.
+    """
+    spec = agent_spec(agent)
+    group: RunnerGroup
+    if spec is None:
+        group = InProcessRunners(agent, store, n_runners, config)
+    else:
+        pool = PoolConfig(n_runners=n_runners, runner=config)
+        group = ProcessRunners(spec, store_url, pool, log_path)
+    logger.info("started %s", group.description)
+    return group
+
+
+class InProcessRunners:
+    """``n_runners`` runner loops on the caller's event loop, sharing its store object."""
+
+    def __init__(self, agent: Runnable, store: Store, n_runners: int, config: RunnerConfig) -> None:
+        self.description = f"{n_runners} in-process runner(s) for agent {agent.name!r}"
+        base = default_worker_id()
+        self._runners = [
+            Runner(agent, store, worker_id=f"{base}-trainer-{i}", config=config) for i in range(n_runners)
+        ]
+        self._tasks = [
+            asyncio.create_task(runner.run(), name=f"fulgor-runner-{i}")
+            for i, runner in enumerate(self._runners)
+        ]
+
+    def check(self) -> None:
+        for task in self._tasks:
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                raise FulgorError(f"an in-process runner stopped unexpectedly: {error!r}")
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            runner.stop()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                logger.error("an in-process runner ended with %r", result)
+
+
+class ProcessRunners:
+    """A :class:`RunnerPool` of ``n_runners`` processes, started as a command of its own.
+
+    A command rather than a forked or spawned child of the trainer: spawning would re-run the
+    user's script (``__main__``) in every child, which breaks scripts without a main guard. The
+    command sees the trainer's ``sys.path``, so it imports the agent the way the trainer did.
+    """
+
+    def __init__(self, spec: str, store_url: str, config: PoolConfig, log_path: Path) -> None:
+        self.description = f"{config.n_runners} runner process(es) for agent {spec}, logging to {log_path}"
+        self._log_path = log_path
+        self._config = config
+        # Imported here: the command imports this package, and runpy warns when it finds the
+        # module it runs already imported.
+        from fulgor.training._pool import command_line
+
+        # Only this process holds the write end: the pool sees end-of-file when the trainer is gone.
+        parent_read, self._parent_write = os.pipe()
+        command = command_line(spec, store_url, config, parent_read)
+        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+        env = {**os.environ, "PYTHONPATH": path}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=(parent_read,)
+                )
+        except BaseException:
+            os.close(self._parent_write)
+            raise
+        finally:
+            os.close(parent_read)
+
+    def check(self) -> None:
+        code = self._process.poll()
+        if code is not None:
+            raise FulgorError(f"the runner processes exited (code {code}); see {self._log_path} for why")
+
+    async def stop(self) -> None:
+        """Drain (SIGTERM), then stop now (a second SIGTERM), then kill: each after a bounded wait."""
+        drain_seconds = self._config.runner.shutdown_grace_seconds + 5.0
+        for wait_seconds in (drain_seconds, self._config.kill_after_seconds + 5.0):
+            if self._process.poll() is not None:
+                break
+            self._process.send_signal(signal.SIGTERM)
+            # The runners report their last attempts to the store on this event loop: never block it.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._process.wait, wait_seconds)
+        if self._process.poll() is None:
+            logger.error("the runner pool did not stop; killing it")
+            self._process.kill()
+            await asyncio.to_thread(self._process.wait)
+        os.close(self._parent_write)

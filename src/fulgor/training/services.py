@@ -1,0 +1,122 @@
+"""The services a training run needs, started together and stopped together.
+
+``start_services`` loads the local engine and serves it on a thread of its own, serves the store
+API and the gateway from one app on the caller's event loop (so the trainer can pause, drain and
+flush the gateway and use the store directly), and starts the runners. Leaving the block stops
+runners, then the server (the gateway writes what it still holds, the store closes), then the
+engine: no process or port is left, whatever happened inside. ``open_run_store`` opens the run
+directory's SQLite store for a new session.
+
+What it does not know: which algorithm runs or what a training step is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fulgor.agent.base import Runnable
+from fulgor.runner.worker import RunnerConfig
+from fulgor.store.base import Store
+from fulgor.training.runners import RunnerGroup, start_runners
+
+if TYPE_CHECKING:
+    from fulgor.engine.local import EngineConfig, LocalEngine
+    from fulgor.gateway import Gateway
+
+__all__ = ["Services", "open_run_store", "start_services"]
+
+logger = logging.getLogger(__name__)
+
+_DRAIN_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass
+class Services:
+    """What a running session holds: the store, the engine, the gateway, their URLs, the runners."""
+
+    store: Store
+    engine: LocalEngine
+    gateway: Gateway
+    server_url: str
+    engine_url: str
+    runners: RunnerGroup
+
+    async def settle_calls(self) -> None:
+        """Wait until no model call is in flight and every recorded call is in the store."""
+        if not await self.gateway.drain(_DRAIN_TIMEOUT_SECONDS):
+            logger.warning("model calls still in flight after %.0fs", _DRAIN_TIMEOUT_SECONDS)
+        await self.gateway.recorder.flushed()
+
+    async def swap_weights(self, checkpoint: str) -> int:
+        """Pause the gateway, let calls in flight finish, load ``checkpoint`` into the engine, resume.
+
+        Returns the engine's new model version; calls made after this return are served by it and
+        recorded with it.
+        """
+        self.gateway.pause()
+        try:
+            await self.settle_calls()
+            swap = await self.engine.swap_weights(checkpoint)
+        finally:
+            self.gateway.resume(model_version=str(self.engine.model_version))
+        return swap.model_version
+
+
+@contextlib.asynccontextmanager
+async def start_services(
+    store: Store,
+    engine_config: EngineConfig,
+    agent: Runnable,
+    n_runners: int,
+    runner_config: RunnerConfig,
+    runner_log: Path,
+) -> AsyncIterator[Services]:
+    """Start engine, server + gateway and runners; stop them all on leaving, in reverse order."""
+    from fulgor.engine.local import LocalEngine
+    from fulgor.engine.server import create_app as create_engine_app
+    from fulgor.gateway import GatewayConfig, create_gateway_app
+    from fulgor.net.asgi import ServerThread, serve_asgi
+    from fulgor.store.server import ServerConfig, create_app
+
+    async with contextlib.AsyncExitStack() as stack:
+        # The server's lifespan closes the store; this closes it too when the server never started.
+        stack.push_async_callback(store.close)
+        engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
+        engine_server = ServerThread(create_engine_app(engine))
+        stack.push_async_callback(engine_server.astop)
+        engine_url = f"{await asyncio.to_thread(engine_server.start)}/v1"
+        gateway = create_gateway_app(
+            store, [engine_url], GatewayConfig(model_version=str(engine.model_version))
+        )
+        app = create_app(ServerConfig(store=store), gateway=gateway)
+        server_url = await stack.enter_async_context(
+            serve_asgi(app, on_shutdown=app.state.fulgor.draining.begin)
+        )
+        runner_config = replace(runner_config, gateway_url=server_url)
+        runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
+        stack.push_async_callback(runners.stop)
+        logger.info("engine at %s, store and gateway at %s", engine_url, server_url)
+        yield Services(store, engine, gateway, server_url, engine_url, runners)
+
+
+async def open_run_store(run_dir: Path) -> Store:
+    """The run directory's own store, without the rollouts an interrupted session left unfinished
+    (cancelled, so that new runners do not pick them up)."""
+    from fulgor.store.sqlite import SqliteStore
+
+    store = SqliteStore(run_dir / "store.sqlite")
+    try:
+        unfinished = await store.query_rollouts(status=["queuing", "requeuing", "preparing", "running"])
+        if unfinished:
+            logger.info("cancelling %d rollouts left unfinished by an earlier session", len(unfinished))
+            await store.cancel([rollout.rollout_id for rollout in unfinished])
+    except BaseException:
+        await store.close()
+        raise
+    return store

@@ -1,0 +1,389 @@
+"""The Trainer: wires store, gateway, engine, runners and GRPO, and runs training as named steps.
+
+``fit`` starts the services, publishes the LLM resource, then per step: ``collect_rollouts``
+(``group_size`` rollouts per task, one group per task), ``build_trajectories`` (spans to token rows
+with a drift report), ``update_policy`` (one GRPO step on the trainer's own copy of the model),
+``publish_weights`` (checkpoint, gateway pause and drain, engine swap, gateway resume, a new
+resources version), ``validate`` (every ``val_every`` steps, greedy) and ``log_metrics`` (one JSON
+line in ``run_dir/metrics.jsonl``). ``dev`` runs an agent through the same services without
+training, to check rewards and traces first.
+
+What it does not know: how an agent talks to its model (the gateway URL is all it gets) or how
+the update computes its loss (:mod:`fulgor.algorithms.grpo`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fulgor import semconv
+from fulgor.adapters.trajectory import rollout_reward
+from fulgor.agent.base import Runnable
+from fulgor.algorithms.grpo.algorithm import GRPO
+from fulgor.errors import ConfigError
+from fulgor.runner.worker import RunnerConfig
+from fulgor.store.base import LATEST, Store
+from fulgor.training.checkpoints import Policy, latest_checkpoint, load_policy, set_torch_threads
+from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport, drift_total
+from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
+from fulgor.training.services import Services, open_run_store, start_services
+from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
+
+if TYPE_CHECKING:
+    from fulgor.algorithms.grpo.update import PolicyUpdater
+    from fulgor.engine.local import EngineConfig
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_UPDATE_METRICS = {
+    "policy_loss": "loss",
+    "entropy": "entropy",
+    "clip_fraction": "clip_fraction",
+    "importance_weight_mean": "importance_weight_mean",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "trained_tokens": "trained_tokens",
+}
+
+
+@dataclass(frozen=True)
+class ResourceIds:
+    """The resources versions rollouts run with: sampling for training, greedy for validation."""
+
+    train: str
+    val: str
+
+
+class Trainer:
+    """Trains an agent's model with an algorithm, on services it starts and stops itself.
+
+    ``engine`` is the local engine's config (the model directory to start from, device, context
+    length); the trainer loads the engine and a trainable copy of the same weights. ``run_dir``
+    holds ``store.sqlite`` (unless ``store`` is given), ``checkpoints/step-N``, ``metrics.jsonl``
+    and ``logs/runners.log``; the trainer closes the store when ``fit`` or ``dev`` returns. With
+    ``resume``, a run directory that has checkpoints continues from the newest one. ``n_runners``
+    runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
+    agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
+    retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
+    """
+
+    def __init__(
+        self,
+        *,
+        algorithm: GRPO,
+        engine: EngineConfig,
+        run_dir: str | Path = "runs/default",
+        store: Store | None = None,
+        n_runners: int = 2,
+        max_concurrency: int = 8,
+        rollout_config: RolloutConfig | None = None,
+        torch_threads: int | None = None,
+        resume: bool = True,
+    ) -> None:
+        if n_runners < 1 or max_concurrency < 1:
+            raise ConfigError(
+                f"n_runners and max_concurrency must be >= 1, got {n_runners}, {max_concurrency}"
+            )
+        self.algorithm = algorithm
+        self.engine = engine
+        self.run_dir = Path(run_dir)
+        self.store = store
+        self.n_runners = n_runners
+        # A short claim long-poll: stopping a runner waits for its claim in flight to return.
+        self.runner_config = RunnerConfig(
+            max_concurrency=max_concurrency, claim_wait_seconds=1.0, shutdown_grace_seconds=5.0
+        )
+        self.rollout_config = rollout_config or RolloutConfig(
+            timeout_seconds=600, unresponsive_seconds=120, max_attempts=2
+        )
+        self.torch_threads = torch_threads
+        self.resume = resume
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    # -- public entry points ------------------------------------------------------------------------
+
+    def fit(
+        self, agent: Runnable, train_dataset: Sequence[Any], val_dataset: Sequence[Any] = ()
+    ) -> list[dict[str, Any]]:
+        """Train for ``algorithm.max_steps`` steps; returns the metrics of each step run."""
+        if not train_dataset:
+            raise ConfigError("the training dataset is empty; pass at least one task")
+        return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
+
+    def dev(self, agent: Runnable, dataset: Sequence[Any]) -> DevReport:
+        """Run ``agent`` once on each task through the whole system, without training.
+
+        Returns each rollout's status, reward, number of model calls and drift counts; print it
+        to see them as a table.
+        """
+        if not dataset:
+            raise ConfigError("the dev dataset is empty; pass at least one task")
+        return _run_blocking(self._dev(agent, list(dataset)))
+
+    # -- the training loop --------------------------------------------------------------------------
+
+    async def _fit(self, agent: Runnable, train: list[Any], val: list[Any]) -> list[dict[str, Any]]:
+        start_step, model_dir = self._starting_point()
+        log = MetricsLog(self.run_dir / "metrics.jsonl")
+        if start_step >= self.algorithm.max_steps:
+            logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
+            return log.history
+        async with self.start_services(agent, model_dir, start_step) as services:
+            policy, updater = await asyncio.to_thread(self._trainable, model_dir)
+            resources = await self.put_resources(services)
+            for step in range(start_step + 1, self.algorithm.max_steps + 1):
+                timer = PhaseTimer()
+                with timer("collect_rollouts"):
+                    rollouts = await self.collect_rollouts(services, train, step, resources)
+                with timer("build_trajectories"):
+                    outcomes = await self.build_trajectories(services, rollouts)
+                with timer("update_policy"):
+                    update = await self.update_policy(updater, outcomes)
+                with timer("publish_weights"):
+                    resources = await self.publish_weights(services, policy, step)
+                val_accuracy = None
+                if val and self.algorithm.validates_at(step):
+                    with timer("validate"):
+                        val_accuracy = await self.validate(services, val, resources)
+                self.log_metrics(log, step, services, outcomes, update, val_accuracy, timer)
+        return log.history
+
+    async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:
+        start_step, model_dir = self._starting_point()
+        async with self.start_services(agent, model_dir, start_step) as services:
+            resources = await self.put_resources(services)
+            requests = [self._request(task, "test", resources.train) for task in dataset]
+            rollouts = await run_rollouts(services.store, requests, services.runners)
+            outcomes = await self.build_trajectories(services, rollouts)
+        report = DevReport([RolloutReport.from_outcome(outcome) for outcome in outcomes])
+        logger.info("dev run on %d tasks:\n%s", len(dataset), report)
+        return report
+
+    # -- the named steps ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def start_services(
+        self, agent: Runnable, model_dir: Path, model_version: int
+    ) -> AsyncIterator[Services]:
+        """Engine (on ``model_dir``), store server + gateway and runners; all stopped on leaving."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
+        logger.info("torch uses %d threads in the trainer", threads)
+        store = self.store or await open_run_store(self.run_dir)
+        engine = replace(
+            self.engine,
+            model=model_dir,
+            served_model_name=self.engine.model_name,
+            model_version=model_version,
+        )
+        runner_log = self.run_dir / "logs" / "runners.log"
+        async with start_services(
+            store, engine, agent, self.n_runners, self.runner_config, runner_log
+        ) as services:
+            yield services
+
+    async def put_resources(self, services: Services) -> ResourceIds:
+        """Publish the ``llm`` resource (gateway, model name, sampling) for validation, then training.
+
+        Training's goes last so that it is the latest version, the one rollouts without a
+        ``resources_id`` run with.
+        """
+        ids: dict[RolloutMode, str] = {}
+        for mode in ("val", "train"):
+            llm = LLM(
+                endpoint=f"{services.server_url}/v1",
+                model=services.engine.model_name,
+                sampling_parameters=self.algorithm.sampling_parameters(mode),
+            )
+            version = await services.store.put_resources({"llm": llm})
+            ids[mode] = version.resources_id
+        return ResourceIds(train=ids["train"], val=ids["val"])
+
+    async def collect_rollouts(
+        self, services: Services, train: list[Any], step: int, resources: ResourceIds
+    ) -> list[Rollout]:
+        """Run ``group_size`` rollouts of each of the step's tasks (one group per task) to the end."""
+        requests = []
+        for task in self.algorithm.step_tasks(train, step):
+            group_id = f"step-{step}-{uuid.uuid4().hex[:12]}"
+            request = self._request(task, "train", resources.train, group_id=group_id, step=step)
+            requests += [request] * self.algorithm.group_size
+        return await run_rollouts(services.store, requests, services.runners)
+
+    async def build_trajectories(self, services: Services, rollouts: list[Rollout]) -> list[RolloutOutcome]:
+        """Each rollout's reward, model calls, trajectory (succeeded ones only) and drift report.
+
+        The gateway records calls off the response path: first wait until every call is stored.
+        """
+        await services.settle_calls()
+        return [
+            await read_outcome(
+                services.store,
+                rollout,
+                agent_match=self.algorithm.agent_match,
+                max_tokens=self.algorithm.max_trajectory_tokens,
+            )
+            for rollout in rollouts
+        ]
+
+    async def update_policy(self, updater: PolicyUpdater, outcomes: list[RolloutOutcome]) -> dict[str, float]:
+        """One GRPO step on the trajectories (in a thread: the server keeps serving meanwhile)."""
+        trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
+        if not trajectories:
+            logger.warning("no rollout of this step produced a trajectory; the policy is not updated")
+            return {}
+        return await asyncio.to_thread(updater.step, trajectories)
+
+    async def publish_weights(self, services: Services, policy: Policy, step: int) -> ResourceIds:
+        """Save ``checkpoints/step-N``, swap it into the engine between calls, publish new resources."""
+        checkpoint = await asyncio.to_thread(policy.save, self.checkpoints_dir, step)
+        version = await services.swap_weights(str(checkpoint))
+        logger.info("step %d: the engine serves %s as model version %d", step, checkpoint, version)
+        return await self.put_resources(services)
+
+    async def validate(self, services: Services, val: list[Any], resources: ResourceIds) -> float:
+        """Each validation task once, greedy; the accuracy is the mean reward (no reward counts 0)."""
+        requests = [self._request(task, "val", resources.val) for task in val]
+        rollouts = await run_rollouts(services.store, requests, services.runners)
+        rewards = []
+        for rollout in rollouts:
+            spans = await services.store.query_spans(rollout.rollout_id, LATEST, name=semconv.SPAN_REWARD)
+            rewards.append(rollout_reward(spans) or 0.0)
+        return sum(rewards) / len(rewards)
+
+    def log_metrics(
+        self,
+        log: MetricsLog,
+        step: int,
+        services: Services,
+        outcomes: list[RolloutOutcome],
+        update: dict[str, float],
+        val_accuracy: float | None,
+        timer: PhaseTimer,
+    ) -> None:
+        """Append the step's metrics to ``metrics.jsonl`` and log a one-line summary."""
+        trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
+        rewards = [o.reward for o in outcomes if o.reward is not None]
+        collect_seconds = timer.seconds.get("collect_rollouts", 0.0)
+        metrics: dict[str, Any] = {
+            "step": step,
+            "model_version": services.engine.model_version,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "rollouts": len(outcomes),
+            "rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
+            "groups_without_signal": groups_without_signal(trajectories),
+            "tokens_per_second": sum(o.sampled_tokens for o in outcomes) / max(collect_seconds, 1e-9),
+        }
+        if val_accuracy is not None:
+            metrics["val_accuracy"] = val_accuracy
+        metrics.update({name: update[key] for key, name in _UPDATE_METRICS.items() if key in update})
+        metrics.update({k: int(v) for k, v in drift_total(outcomes).as_metrics().items()})
+        metrics.update({f"seconds/{phase}": round(s, 4) for phase, s in timer.seconds.items()})
+        log.write(metrics)
+        logger.info(
+            "step %d: reward %s, val %s, loss %s, %.1fs",
+            step,
+            _fmt(metrics["reward_mean"]),
+            _fmt(val_accuracy),
+            _fmt(metrics.get("loss")),
+            sum(timer.seconds.values()),
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _starting_point(self) -> tuple[int, Path]:
+        """The step to continue after and the weights to start from (the newest checkpoint, or the base)."""
+        latest = latest_checkpoint(self.checkpoints_dir)
+        if latest is None:
+            return 0, self.engine.model
+        if not self.resume:
+            raise ConfigError(
+                f"{self.run_dir} already holds checkpoints up to step {latest[0]}; pick a new run_dir "
+                "or pass resume=True to continue that run"
+            )
+        logger.info("resuming from %s (step %d)", latest[1], latest[0])
+        return latest
+
+    def _trainable(self, model_dir: Path) -> tuple[Policy, PolicyUpdater]:
+        """The trainer's copy of the weights and its updater (with a frozen reference for KL)."""
+        policy = load_policy(model_dir, self.engine.device)
+        reference = None
+        if self.algorithm.config.kl_coef > 0:
+            reference = load_policy(self.engine.model, self.engine.device).model.eval()
+            reference.requires_grad_(False)
+        return policy, self.algorithm.updater(policy.model, reference)
+
+    def _request(
+        self, task: Any, mode: RolloutMode, resources_id: str, *, group_id: str | None = None, step: int = 0
+    ) -> RolloutRequest:
+        return RolloutRequest(
+            input=task,
+            mode=mode,
+            group_id=group_id,
+            resources_id=resources_id,
+            config=self.rollout_config,
+            metadata={"step": step} if step else {},
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on an event loop in a thread of its own and wait for it.
+
+    The servers then run off the main thread, where uvicorn leaves signals alone: Ctrl+C reaches
+    this thread as KeyboardInterrupt, which cancels ``work`` so that every service stops in order.
+    It also works when the caller's thread already runs an event loop (a notebook).
+    """
+    started = threading.Event()
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[T]]] = []
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        running.append((asyncio.get_running_loop(), task))
+        started.set()
+        return await work
+
+    def target() -> None:
+        try:
+            outcome.append(asyncio.run(main()))
+        except BaseException as error:  # handed back to the caller's thread below
+            failure.append(error)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=target, name="fulgor-trainer")
+    thread.start()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        logger.warning("interrupted: stopping runners, server and engine")
+        started.wait()
+        for loop, task in running:
+            with contextlib.suppress(RuntimeError):  # the loop already finished
+                loop.call_soon_threadsafe(task.cancel)
+        thread.join()
+        raise
+    if failure:
+        raise failure[0]
+    return outcome[0]

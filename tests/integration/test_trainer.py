@@ -1,0 +1,205 @@
+"""The Trainer end to end on a tiny local model: dev runs, two GRPO steps, clean shutdown.
+
+Everything is real: the engine, the store server and gateway on loopback, runner processes (or
+in-process runners for an agent they cannot import), weight swaps between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agents.chat_agent import one_call
+
+from fulgor import GRPO, LLM, Trainer, rollout, semconv
+from fulgor.algorithms.grpo import GRPOConfig
+from fulgor.engine.local import EngineConfig
+from fulgor.engine.models import init_model
+from fulgor.store import SqliteStore
+from fulgor.types import ModelCall, Rollout
+
+TASKS = [
+    {"prompt": "Say a word.", "letter": "e"},
+    {"prompt": "Name a colour.", "letter": "a"},
+    {"prompt": "Count to three.", "letter": "o"},
+]
+PROBLEMS = ("calls_missing_ids", "merge_breaks", "truncated_rows", "dropped_rows", "id_mismatches")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model(tmp_path_factory.mktemp("trainer") / "tiny", "tiny", seed=0)
+
+
+def make_trainer(run_dir: Path, model_dir: Path, max_steps: int = 2) -> Trainer:
+    algorithm = GRPO(
+        group_size=2, batch_tasks=2, max_steps=max_steps, val_every=2, max_tokens=8,
+        config=GRPOConfig(learning_rate=1e-3),
+    )  # fmt: skip
+    engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
+    return Trainer(
+        algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=2, max_concurrency=4, torch_threads=2
+    )
+
+
+def leftover_processes() -> set[str]:
+    """Command lines of every live process below this one (from /proc)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append((int(entry.name), command))
+    found, stack = set(), [os.getpid()]
+    while stack:
+        for pid, command in children.get(stack.pop(), []):
+            found.add(command)
+            stack.append(pid)
+    return found
+
+
+def assert_closed(url: str) -> None:
+    parts = urlsplit(url)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((parts.hostname or "", parts.port or 0), timeout=1).close()
+
+
+def read_store(path: Path) -> tuple[list[Rollout], dict[str, list[ModelCall]], list[LLM]]:
+    async def read() -> tuple[list[Rollout], dict[str, list[ModelCall]], list[LLM]]:
+        store = SqliteStore(path)
+        rollouts = await store.query_rollouts()
+        calls = {}
+        for each in rollouts:
+            spans = await store.query_spans(each.rollout_id, name=semconv.SPAN_MODEL_CALL)
+            calls[each.rollout_id] = [
+                ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans
+            ]
+        latest = await store.get_resources()
+        await store.close()
+        assert latest is not None
+        llm = latest.resources["llm"]
+        assert isinstance(llm, LLM)
+        return rollouts, calls, [llm]
+
+    return asyncio.run(read())
+
+
+def test_dev_runs_each_task_once_and_reports_it(tmp_path: Path, model_dir: Path) -> None:
+    # Defined here, so runner processes could not import it: it runs in-process.
+    @rollout
+    async def local_agent(task: dict[str, Any], llm: LLM) -> float:
+        reward: float = await one_call(task, llm)
+        return reward
+
+    report = make_trainer(tmp_path / "run", model_dir).dev(local_agent, TASKS)
+
+    assert [r.status for r in report.rollouts] == ["succeeded"] * 3
+    assert [r.model_calls for r in report.rollouts] == [1, 1, 1]
+    assert all(r.reward in (0.0, 1.0) for r in report.rollouts)
+    assert all(not r.problems for r in report.rollouts)
+    assert report.drift["calls_trained"] == 3
+    assert "3 rollouts, 3 succeeded" in str(report)
+    assert leftover_processes() == set()
+
+
+def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    history = make_trainer(run_dir, model_dir).fit(one_call, TASKS, TASKS[:2])
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines == history
+    assert [line["step"] for line in lines] == [1, 2]
+    assert [line["model_version"] for line in lines] == [1, 2]
+    rollouts, calls, [llm] = read_store(run_dir / "store.sqlite")
+    for line in lines:
+        assert line["rollouts"] == 4
+        assert line["rollouts_failed"] == 0, [r.status for r in rollouts]
+        for key in (
+            "reward_mean",
+            "loss",
+            "entropy",
+            "clip_fraction",
+            "importance_weight_mean",
+            "tokens_per_second",
+        ):
+            assert isinstance(line[key], float), key
+        for phase in ("collect_rollouts", "build_trajectories", "update_policy", "publish_weights"):
+            assert line[f"seconds/{phase}"] > 0
+        assert all(line[f"drift/{name}"] == 0 for name in PROBLEMS)
+        assert line["drift/calls_trained"] == 4
+    assert "val_accuracy" not in lines[0]
+    assert 0.0 <= lines[1]["val_accuracy"] <= 1.0
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    runner_log = (run_dir / "logs" / "runners.log").read_text()
+    assert "/chat/completions" in runner_log  # the agent ran in runner processes
+    assert "Warning" not in runner_log
+
+    train = [r for r in rollouts if r.mode == "train"]
+    by_step = {step: [r for r in train if r.metadata["step"] == step] for step in (1, 2)}
+    assert [len(by_step[1]), len(by_step[2])] == [4, 4]
+    assert len({r.group_id for r in by_step[1]}) == 2
+    # Each step ran on its own resources version and on the weights published before it.
+    assert len({r.resources_id for r in by_step[1]}) == 1
+    assert {r.resources_id for r in by_step[1]}.isdisjoint({r.resources_id for r in by_step[2]})
+    assert {c.model_version for r in by_step[1] for c in calls[r.rollout_id]} == {"0"}
+    assert {c.model_version for r in by_step[2] for c in calls[r.rollout_id]} == {"1"}
+    val = [r for r in rollouts if r.mode == "val"]
+    assert len(val) == 2
+    assert {c.model_version for r in val for c in calls[r.rollout_id]} == {"2"}
+
+    # Nothing left: no child process, no listening port.
+    assert leftover_processes() == set()
+    assert_closed(llm.endpoint)
+    replicas = {c.engine_replica for cs in calls.values() for c in cs}
+    for replica in replicas:
+        assert replica is not None
+        assert_closed(replica)
+
+    # A new trainer on the same run directory continues after the newest checkpoint.
+    resumed = make_trainer(run_dir, model_dir, max_steps=3).fit(one_call, TASKS, TASKS[:2])
+    assert [line["step"] for line in resumed] == [3]
+    assert resumed[0]["model_version"] == 3
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert (run_dir / "checkpoints" / "step-3" / "config.json").is_file()
+    assert leftover_processes() == set()
+
+
+def test_dev_shows_why_rollouts_failed(tmp_path: Path, model_dir: Path) -> None:
+    @rollout
+    async def broken_agent(task: dict[str, Any], llm: LLM) -> float:
+        raise ValueError(f"no tool for {task['prompt']!r}")
+
+    report = make_trainer(tmp_path / "run", model_dir).dev(broken_agent, TASKS[:1])
+
+    [only] = report.rollouts
+    assert only.status == "failed"
+    assert only.reward is None
+    assert "ValueError: no tool for 'Say a word.'" in (only.error or "")
+    assert "failed" in str(report)
+
+
+def test_a_session_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> None:
+    from fulgor.engine.errors import ModelLoadError
+
+    trainer = make_trainer(tmp_path / "run", tmp_path / "no-model")
+    with pytest.raises(ModelLoadError):
+        trainer.fit(one_call, TASKS)
+    assert leftover_processes() == set()
+    assert not list((tmp_path / "run").glob("checkpoints/*"))

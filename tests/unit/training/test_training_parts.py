@@ -1,0 +1,127 @@
+"""Trainer parts that need no services: agent specs, checkpoints, group signal, reports, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fulgor import Agent, rollout
+from fulgor.adapters import DriftReport, Trajectory
+from fulgor.errors import ConfigError
+from fulgor.training.checkpoints import latest_checkpoint
+from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport
+from fulgor.training.rollouts import RolloutOutcome, groups_without_signal
+from fulgor.training.runners import agent_spec
+from fulgor.types import Rollout
+
+
+@rollout
+def module_level_agent(task: Any) -> float:
+    return 1.0
+
+
+class StatefulAgent(Agent):
+    def rollout(self, task: Any) -> float:
+        return 0.0
+
+
+def test_only_agents_another_process_can_import_as_themselves_get_a_spec() -> None:
+    @rollout
+    def local_agent(task: Any) -> float:
+        return 1.0
+
+    assert agent_spec(module_level_agent) == f"{__name__}:module_level_agent"
+    assert agent_spec(local_agent) is None
+    assert agent_spec(StatefulAgent()) is None
+    # The same function wrapped again is not the object the module holds.
+    assert agent_spec(rollout(module_level_agent.func)) is None
+
+
+def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path / "checkpoints") is None
+    for name in ("step-2", "step-10", ".step-11.partial", "step-12", "notes"):
+        (tmp_path / name).mkdir()
+    for name in ("step-2", "step-10", ".step-11.partial"):
+        (tmp_path / name / "config.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == (10, tmp_path / "step-10")
+
+
+def trajectory(group: str, reward: float) -> Trajectory:
+    return Trajectory(
+        rollout_id=f"{group}-{reward}", group_id=group, reward=reward, rows=[], model_versions=[]
+    )
+
+
+def test_groups_without_signal_are_those_with_one_reward() -> None:
+    batch = [trajectory("a", 0.0), trajectory("a", 1.0), trajectory("b", 1.0), trajectory("b", 1.0)]
+    batch.append(trajectory("c", 0.5))
+    assert groups_without_signal(batch) == 2
+
+
+def outcome(status: str, reward: float | None, drift: DriftReport | None = None) -> RolloutOutcome:
+    rollout = Rollout(rollout_id=f"ro-{status}", input={}, status=status, enqueue_time=0.0)  # type: ignore[arg-type]
+    error = None if status == "succeeded" else "ValueError: boom"
+    return RolloutOutcome(rollout, reward, 1, None, drift or DriftReport(calls_total=1), error)
+
+
+def test_dev_report_lists_rollouts_with_their_problems() -> None:
+    report = DevReport(
+        [
+            RolloutReport.from_outcome(outcome("succeeded", 1.0, DriftReport(calls_total=1, merge_breaks=2))),
+            RolloutReport.from_outcome(outcome("failed", None)),
+        ]
+    )
+    assert report.reward_mean == 1.0
+    assert report.drift["merge_breaks"] == 2
+    assert report.rollouts[0].problems == {"merge_breaks": 2}
+    text = str(report)
+    assert "merge_breaks=2" in text
+    assert "ValueError: boom" in text
+    assert "2 rollouts, 1 succeeded, reward mean 1.000" in text
+
+
+def test_metrics_log_appends_one_json_line_per_step(tmp_path: Path) -> None:
+    timer = PhaseTimer()
+    with timer("update_policy"):
+        pass
+    log = MetricsLog(tmp_path / "run" / "metrics.jsonl")
+    log.write({"step": 1, "seconds": timer.seconds})
+    log.write({"step": 2})
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert log.history[0]["seconds"]["update_policy"] >= 0
+
+
+def test_trainer_refuses_bad_settings_before_starting_anything(tmp_path: Path) -> None:
+    from fulgor import GRPO, Trainer
+    from fulgor.engine.local import EngineConfig
+
+    engine = EngineConfig(model=tmp_path / "model")
+    with pytest.raises(ConfigError, match="n_runners"):
+        Trainer(algorithm=GRPO(), engine=engine, n_runners=0)
+    trainer = Trainer(algorithm=GRPO(), engine=engine, run_dir=tmp_path / "run", resume=False)
+    with pytest.raises(ConfigError, match="empty"):
+        trainer.fit(module_level_agent, [])
+    (tmp_path / "run" / "checkpoints" / "step-3").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "step-3" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="resume=True"):
+        trainer.fit(module_level_agent, [{"q": 1}])
+
+
+async def test_blocking_entry_points_work_inside_a_running_event_loop() -> None:
+    from fulgor.training.trainer import _run_blocking
+
+    async def work() -> int:
+        await asyncio.sleep(0)
+        return 3
+
+    async def fails() -> int:
+        raise ConfigError("no")
+
+    assert _run_blocking(work()) == 3
+    with pytest.raises(ConfigError, match="no"):
+        _run_blocking(fails())
