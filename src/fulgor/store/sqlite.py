@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from fulgor.errors import InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, ValidationError
 from fulgor.store import _rules as rules
 from fulgor.store._rows import (
     ATTEMPT_COLUMNS,
@@ -141,6 +141,11 @@ class SqliteStore:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValidationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            folder = self.path.parent
+            raise ConfigError(f"cannot create the store's folder {folder}: {error.strerror}") from None
         self._clock = clock
         self._cross_process_seconds = cross_process_seconds
         self._lock = threading.RLock()

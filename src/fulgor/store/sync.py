@@ -57,7 +57,6 @@ def open_store(url: str, *, create: bool = True) -> Store:
             raise ConfigError(f"store URL {url!r} names no file; use sqlite:///runs/NAME/store.sqlite")
         if not create and not path.exists():
             raise ConfigError(f"no store at {path}; check the --store URL or the run directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
         return SqliteStore(path)
     raise ConfigError(
         f"unknown store URL {url!r}; use memory://, sqlite:///PATH, http://HOST:PORT "
