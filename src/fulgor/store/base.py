@@ -30,7 +30,8 @@ has run that long since it started; one whose rollout sets ``config.unresponsive
 marked ``unresponsive`` after that long without activity (a span, an ``update_attempt`` or a
 heartbeat of its worker). Either outcome requeues or fails the rollout as above. The store
 applies the watchdog before every operation and wakes waiting ``claim``/``wait`` calls at the
-next deadline, so no background thread is needed and every read sees deadlines already applied.
+next deadline, so no background thread is needed and every read sees deadlines already applied
+(a backend may batch this check over a few milliseconds of its clock, never more).
 
 Semantics every backend keeps:
 

@@ -17,6 +17,8 @@ the connection briefly; the file is the only shared state.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import sqlite3
 import threading
 import time
@@ -57,6 +59,8 @@ from fulgor.types import (
 )
 
 __all__ = ["SqliteStore"]
+
+logger = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -122,6 +126,7 @@ CREATE TABLE IF NOT EXISTS workers (
 """
 
 _LIVE = "status IN ('preparing', 'running')"
+_SWEEP_INTERVAL_SECONDS = 0.005
 # Live attempts past their timeout or silence deadline; the partial index attempts_live keeps it cheap.
 _OVERDUE = f"{_LIVE} AND (timeout_at <= :now OR last_active_time + silence_seconds <= :now)"
 
@@ -136,6 +141,7 @@ class SqliteStore:
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_seconds: float = 30.0,
         cross_process_seconds: float = 0.2,
+        checkpoint_seconds: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
@@ -156,7 +162,10 @@ class SqliteStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._conn.execute("PRAGMA foreign_keys=OFF")
+        self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it instead
         self._closed = False
+        self._last_sweep = -math.inf
+        self._checkpointer = _Checkpointer(self.path, checkpoint_seconds, busy_timeout_seconds)
         with self._write():
             self._create_schema()
 
@@ -470,6 +479,7 @@ class SqliteStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+                self._checkpointer.close()
         self._signal.notify()
 
     # -- internals --------------------------------------------------------------------------------
@@ -638,10 +648,18 @@ class SqliteStore:
         return worker_from_row(row)
 
     def _sweep(self) -> None:
-        """Apply the watchdog: end live attempts whose deadline has passed."""
+        """Apply the watchdog: end live attempts whose deadline has passed.
+
+        The check is skipped when the last one is under ``_SWEEP_INTERVAL_SECONDS`` old by the
+        store's clock: deadlines only pass as the clock moves, so a deadline is applied at most that
+        late, and exactly on time when the clock has not moved (as with a test's fake clock).
+        """
         now = self._clock()
         with self._lock:
             self._check_open()
+            if 0 <= now - self._last_sweep < _SWEEP_INTERVAL_SECONDS:
+                return
+            self._last_sweep = now
             if not self._conn.execute(
                 f"SELECT 1 FROM attempts WHERE {_OVERDUE} LIMIT 1", {"now": now}
             ).fetchone():
@@ -670,3 +688,44 @@ class SqliteStore:
         )
         deadline = rows[0][0] if rows else None
         return None if deadline is None or deadline >= 1e308 else float(deadline) - self._clock()
+
+
+class _Checkpointer:
+    """Copies the write-ahead log back into the database file, on a thread of its own.
+
+    SQLite's automatic checkpoint runs inside whichever commit crosses its threshold and makes that
+    caller wait for the copy and its fsyncs. Here a separate connection runs PASSIVE checkpoints
+    (they never block writers or readers) every ``interval_seconds`` instead, so an operation waits
+    only for its own commit. Committed data is in the log either way: nothing acknowledged depends
+    on a checkpoint having run.
+    """
+
+    def __init__(self, path: Path, interval_seconds: float, busy_timeout_seconds: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(path, interval_seconds, busy_timeout_seconds),
+            name="fulgor-sqlite-checkpoint",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(self, path: Path, interval_seconds: float, busy_timeout_seconds: float) -> None:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_seconds)
+        try:
+            while not self._stop.wait(interval_seconds):
+                self._checkpoint(conn)
+            self._checkpoint(conn)
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _checkpoint(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as error:  # the next round tries again; the log only grows meanwhile
+            logger.warning("checkpoint of the SQLite log failed: %s", error)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
