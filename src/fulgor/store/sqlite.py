@@ -634,16 +634,13 @@ class SqliteStore:
 
     def _see_worker(self, worker_id: str, now: float, stats: JsonDict | None) -> Worker:
         """Insert or refresh a worker; runs inside a write transaction."""
-        self._conn.execute(
+        row = self._conn.execute(
             "INSERT INTO workers (worker_id, first_seen_time, last_heartbeat_time, stats) "
             "VALUES (?, ?, ?, ?) "
             "ON CONFLICT (worker_id) DO UPDATE SET last_heartbeat_time = excluded.last_heartbeat_time, "
-            "stats = CASE WHEN ? THEN excluded.stats ELSE workers.stats END",
+            "stats = CASE WHEN ? THEN excluded.stats ELSE workers.stats END "
+            f"RETURNING {WORKER_COLUMNS}",
             (worker_id, now, now, json.dumps(stats or {}), stats is not None),
-        )
-        row = self._conn.execute(
-            f"SELECT {WORKER_COLUMNS} FROM workers WHERE worker_id = ?",
-            (worker_id,),
         ).fetchone()
         return worker_from_row(row)
 
