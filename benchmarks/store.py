@@ -224,13 +224,18 @@ def ensure_agentlightning() -> Path:
 
 
 def _run_agl(python: Path, rollouts: int, spans_per_rollout: int) -> dict[str, Any]:
-    command = [
-        str(python),
-        str(AGL_SCRIPT),
+    return run_agl_script(
+        python,
+        AGL_SCRIPT,
         f"--rollouts={rollouts}",
         f"--spans-per-rollout={spans_per_rollout}",
         "--repeats=1",
-    ]
+    )
+
+
+def run_agl_script(python: Path, script: Path, *arguments: str) -> dict[str, Any]:
+    """Run an Agent Lightning side script in its own environment; its last JSON line, parsed."""
+    command = [str(python), str(script), *arguments]
     done = subprocess.run(command, capture_output=True, text=True, env=_agl_env(), cwd=ROOT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"Agent Lightning run failed ({done.returncode}):\n{done.stderr[-4000:]}")

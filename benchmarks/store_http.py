@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import signal
 import statistics
@@ -49,11 +48,11 @@ from store import (
     AGL_VERSION,
     PASSES,
     ROOT,
-    _agl_env,
     _make_span,
     _median,
     _workload,
     ensure_agentlightning,
+    run_agl_script,
 )
 
 AGL_HTTP_SCRIPT = Path(__file__).resolve().parent / "_agentlightning_store_http.py"
@@ -180,23 +179,14 @@ def _run_fulgor_repeat(backend: Backend, rollouts: int, spans_per_rollout: int, 
 def _run_agl_repeat(
     python: Path, backend: Backend, rollouts: int, spans_per_rollout: int, latency_samples: int
 ) -> dict[str, Any]:
-    command = [
-        str(python),
-        str(AGL_HTTP_SCRIPT),
+    info = run_agl_script(
+        python,
+        AGL_HTTP_SCRIPT,
         f"--rollouts={rollouts}",
         f"--spans-per-rollout={spans_per_rollout}",
         f"--latency-samples={latency_samples}",
         "--repeats=1",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=_agl_env(), cwd=ROOT, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"Agent Lightning run failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise RuntimeError(
-            f"Agent Lightning run printed no JSON:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        )
-    info: dict[str, Any] = json.loads(lines[-1])
+    )
     for name in PASSES:
         backend.seconds[name].extend(info["seconds"][name])
         backend.cpu_seconds[name].extend(info["cpu_seconds"][name])
