@@ -36,9 +36,9 @@ from typing import Any
 
 from _agentlightning_store import (
     PASSES,
-    WAIT_TIMEOUT_SECONDS,
     WORKER_ID,
     agl_span_factory,
+    run_agl_workload,
     task_input,
 )
 
@@ -110,45 +110,10 @@ class ServerProcess:
 
 async def _run_pass(url: str, rollouts: int, spans_per_rollout: int, batched: bool) -> tuple[float, float]:
     from agentlightning.store.client_server import LightningStoreClient
-    from agentlightning.types import EnqueueRolloutRequest
 
     store = LightningStoreClient(url)
-    make_span = agl_span_factory()
-    requests = [EnqueueRolloutRequest(input=task_input(i), mode="train") for i in range(rollouts)]
     try:
-        gc.collect()
-        began, began_cpu = time.perf_counter(), time.process_time()
-        enqueued = await store.enqueue_many_rollouts(requests)
-        for i in range(rollouts):
-            claimed = await store.dequeue_rollout(worker_id=WORKER_ID)
-            if claimed is None:
-                raise RuntimeError(f"queue empty after {i} of {rollouts} claims")
-            rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
-            now = time.time()
-            if batched:
-                await store.add_many_spans(
-                    [make_span(rollout_id, attempt_id, i, j, now, j + 1) for j in range(spans_per_rollout)]
-                )
-            else:
-                for j in range(spans_per_rollout):
-                    await store.add_span(make_span(rollout_id, attempt_id, i, j, now, j + 1))
-            await store.update_attempt(rollout_id, attempt_id, status="succeeded")
-        rollout_ids = [rollout.rollout_id for rollout in enqueued]
-        deadline = time.monotonic() + WAIT_TIMEOUT_SECONDS
-        done = await store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0.1)
-        while len(done) < rollouts and time.monotonic() < deadline:
-            done = await store.wait_for_rollouts(rollout_ids=rollout_ids, timeout=0.1)
-        elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
-
-        # Check, outside the timed part, that the workload really happened.
-        if len(done) != rollouts or any(rollout.status != "succeeded" for rollout in done):
-            raise RuntimeError(f"only {len(done)} of {rollouts} rollouts finished")
-        stats = await store.statistics()
-        if stats.get("total_spans") != rollouts * spans_per_rollout:
-            raise RuntimeError(
-                f"expected {rollouts * spans_per_rollout} spans, store has {stats.get('total_spans')}"
-            )
-        return elapsed, cpu
+        return await run_agl_workload(store, rollouts, spans_per_rollout, batched)
     finally:
         await store.close()
 
