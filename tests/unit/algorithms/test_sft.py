@@ -1,0 +1,99 @@
+"""Supervised fine-tuning on rows made from chat transcripts, with a locally built model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fulgor.adapters import TrajectoryRow
+from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
+from fulgor.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+TRANSCRIPT: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 12 times 7?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*7"}}}
+        ],
+    },
+    {"role": "tool", "content": "84"},
+    {"role": "assistant", "content": "84"},
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fulgor.engine.models import init_model
+
+    return init_model(tmp_path_factory.mktemp("sft") / "tiny", "tiny", seed=0)
+
+
+def test_chat_row_trains_only_the_assistant_turns(model_dir: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    row = chat_row(tokenizer, TRANSCRIPT, TOOLS)
+    full = tokenizer.apply_chat_template(TRANSCRIPT, tools=TOOLS, tokenize=True)
+    full_ids = list(full["input_ids"] if hasattr(full, "keys") else full)
+    assert row.token_ids == full_ids
+    assert len(row.loss_mask) == len(row.token_ids)
+    trained = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m])
+    assert "calculator" in trained
+    assert "84" in trained
+    context = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if not m])
+    assert "12 times 7" in context
+
+
+def test_fine_tuning_lowers_the_loss_of_the_trained_tokens(model_dir: Path) -> None:
+    torch.manual_seed(0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    row = chat_row(tokenizer, TRANSCRIPT, TOOLS)
+    before = _mean_logprobs(model, row)
+    updater = SFTUpdater(model, SFTConfig(learning_rate=3e-3))
+    first = updater.step([row])
+    for _ in range(30):
+        last = updater.step([row])
+    assert last["loss"] < first["loss"] / 2
+    assert first["trained_tokens"] == sum(row.loss_mask)
+    after = _mean_logprobs(model, row)
+    # The assistant's tokens became far more likely; the context was not what was trained on.
+    assert after[1] - before[1] > after[0] - before[0]
+
+
+def _mean_logprobs(model: Any, row: TrajectoryRow) -> tuple[float, float]:
+    """Mean log-probability of the context tokens (mask 0) and of the trained tokens (mask 1)."""
+    from fulgor.algorithms.grpo.update import token_logprobs
+
+    ids = torch.tensor([row.token_ids])
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    mask = torch.tensor(row.loss_mask, dtype=torch.float32)
+    context = (1 - mask)[1:]  # position 0 has no prediction
+    values = logprobs[0, 1:]
+    return float((values * context).sum() / context.sum()), float((values * mask[1:]).sum() / mask[1:].sum())
+
+
+def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    with pytest.raises(ConfigError, match="loss mask 1"):
+        SFTUpdater(model).step(
+            [TrajectoryRow(token_ids=[1, 2], loss_mask=[0, 0], sampled_logprobs=[0.0, 0.0])]
+        )
+    with pytest.raises(ConfigError, match="learning_rate"):
+        SFTConfig(learning_rate=0)
