@@ -16,35 +16,17 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 import torch  # noqa: E402
+from tests.engine_support import ADD_TOOL  # noqa: E402
 
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
 from fulgor.engine.server import create_app  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MODEL = "tiny"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: test processes share the machine, and oversubscribed torch threads thrash."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+TOOLS = [ADD_TOOL]
 
 
 @pytest.fixture(scope="module")

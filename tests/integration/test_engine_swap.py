@@ -20,6 +20,7 @@ pytest.importorskip("peft")
 openai = pytest.importorskip("openai")
 
 import torch  # noqa: E402
+from tests.engine_support import ADD_TOOL  # noqa: E402
 
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
@@ -28,21 +29,11 @@ from fulgor.engine.protocol import ChatCompletionRequest  # noqa: E402
 from fulgor.engine.server import create_app  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 MODEL = "policy"
 TOKEN = "admin-secret"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 BREAK = [{"role": "user", "content": "Break the tool."}]
 CALL_V1 = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 2}}\n</tool_call>'
@@ -76,15 +67,6 @@ def _teach(model: Any, tokenizer: Any, examples: list[tuple[list[dict[str, Any]]
         optimizer.step()
     model.eval()
     assert learned, "the model did not learn its targets"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: test processes share the machine, and oversubscribed torch threads thrash."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

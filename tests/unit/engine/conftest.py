@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +11,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: test processes share the machine, and oversubscribed torch threads thrash."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+@pytest.fixture(autouse=True)
+def _single_torch_thread(one_torch_thread: None) -> None:
+    """Every engine unit test runs with one torch thread (see tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -7,24 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.engine_support import ADD_TOOL
 
 from fulgor.engine.errors import ModelLoadError
 from fulgor.engine.loading import checkpoint_kind, load_model
 from fulgor.engine.models import MODEL_SIZES, init_model
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]
 
 
 def test_init_model_writes_a_hugging_face_directory(tiny_model_dir: Path) -> None:
