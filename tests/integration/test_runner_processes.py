@@ -11,32 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.process_support import alive, descendants
 
 from fulgor.store import SqliteStore
 from fulgor.types import RolloutConfig, RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.add(child)
-            stack.append(child)
-    return found
 
 
 def start_runner(store_path: Path, grace_seconds: float, agent: str = "sleeper") -> subprocess.Popen[str]:
@@ -101,7 +81,7 @@ def test_first_sigint_drains_then_requeues_and_leaves_no_process(tmp_path: Path)
     runner.wait(timeout=10)
     assert runner.returncode == 0
     # Within 10 s of Ctrl+C every process of the tree is gone (multiprocessing's helper included).
-    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 10 - (time.monotonic() - started))
+    assert wait_until(lambda: not [pid for pid in children if alive(pid)], 10 - (time.monotonic() - started))
     # Cut short, not lost: both slow rollouts went back to the queue for another runner.
     assert statuses(store_path, [quick, slow_a, slow_b]) == ["succeeded", "requeuing", "requeuing"]
 
@@ -118,7 +98,7 @@ def test_second_sigint_stops_at_once_without_orphans(tmp_path: Path) -> None:
     time.sleep(0.3)
     runner.send_signal(signal.SIGINT)
     runner.wait(timeout=10)
-    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 8 - (time.monotonic() - started))
+    assert wait_until(lambda: not [pid for pid in children if alive(pid)], 8 - (time.monotonic() - started))
     assert statuses(store_path, [slow_a, slow_b]) == ["requeuing", "requeuing"]
 
 
@@ -130,15 +110,7 @@ def test_a_killed_parent_takes_its_children_down(tmp_path: Path) -> None:
     children = descendants(runner.pid)
     runner.kill()
     runner.wait(timeout=5)
-    assert wait_until(lambda: not [pid for pid in children if _alive(pid)], 15)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert wait_until(lambda: not [pid for pid in children if alive(pid)], 15)
 
 
 @pytest.mark.parametrize("spec", ["nomodule:agent", "tests.integration.agents.slow_agent:missing", "bad"])

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.process_support import gone_within
 
 from fulgor import semconv
 from fulgor.runner import ProgramResult, Runner, RunnerConfig, SubprocessAgent
@@ -148,22 +149,7 @@ async def test_timeout_kills_the_whole_process_group(store: MemoryStore, tmp_pat
     [attempt] = await store.list_attempts(rollout_id)
     assert attempt.status == "timeout"
     grandchild = int(pid_file.read_text())
-    assert _gone_within(grandchild, seconds=5)
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert gone_within(grandchild, seconds=5)
 
 
 def test_empty_command_is_refused() -> None:
