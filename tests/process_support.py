@@ -42,3 +42,11 @@ def gone_within(pid: int, seconds: float) -> bool:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not alive(pid)
+
+
+def command_line(pid: int) -> str | None:
+    """The process's command line, or None once it is gone."""
+    try:
+        return (Path(f"/proc/{pid}") / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return None

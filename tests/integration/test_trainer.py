@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from agents.chat_agent import one_call
+from tests.process_support import command_line, descendants
 
 from fulgor import GRPO, LLM, Trainer, rollout, semconv
 from fulgor.algorithms.grpo import GRPOConfig
@@ -53,24 +54,9 @@ def make_trainer(run_dir: Path, model_dir: Path, max_steps: int = 2) -> Trainer:
 
 
 def leftover_processes() -> set[str]:
-    """Command lines of every live process below this one (from /proc)."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append((int(entry.name), command))
-    found, stack = set(), [os.getpid()]
-    while stack:
-        for pid, command in children.get(stack.pop(), []):
-            found.add(command)
-            stack.append(pid)
-    return found
+    """Command lines of every live process below this one."""
+    commands = {command_line(pid) for pid in descendants(os.getpid())}
+    return {command for command in commands if command is not None}
 
 
 def assert_closed(url: str) -> None:
