@@ -7,13 +7,14 @@ from fulgor's engine and from vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fulgor.engine.errors import InvalidRequestError
 from fulgor.engine.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from fulgor.engine.tool_calls import tool_arguments_for_template
 
-__all__ = ["chat_prompt_ids", "completion_prompt_ids"]
+__all__ = ["chat_prompt_ids", "completion_prompt_ids", "render_chat_ids"]
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
@@ -36,16 +37,30 @@ def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
 
 def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
     """Render ``request.messages`` (and ``tools``) with the chat template and encode them."""
+    tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
+    return render_chat_ids(tokenizer, request.messages, tools)
+
+
+def render_chat_ids(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """The ids the engine serves ``messages`` with: template to text, then encoded as it stands.
+
+    Without ``add_generation_prompt`` the last turn is rendered as finished (training rows).
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError(
             "this model has no chat template; use /v1/completions, "
             "or add a chat_template to its tokenizer files"
         )
-    messages = [_template_message(m) for m in request.messages]
-    tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
+    rendered = [_template_message(m) for m in messages]
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
+            rendered, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
     except Exception as exc:  # template errors come from Jinja and the template's own raise_exception
         raise InvalidRequestError(

@@ -10,6 +10,8 @@ import torch
 
 from fulgor.adapters import TrajectoryRow
 from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
+from fulgor.engine.prompts import chat_prompt_ids, render_chat_ids
+from fulgor.engine.protocol import ChatCompletionRequest, ChatMessage
 from fulgor.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -45,18 +47,43 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("sft") / "tiny", "tiny", seed=0)
 
 
-def test_chat_row_trains_only_the_assistant_turns(model_dir: Path) -> None:
+def test_chat_row_trains_only_what_the_model_emits(model_dir: Path) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     row = chat_row(tokenizer, TRANSCRIPT, TOOLS)
-    full = tokenizer.apply_chat_template(TRANSCRIPT, tools=TOOLS, tokenize=True)
-    full_ids = list(full["input_ids"] if hasattr(full, "keys") else full)
-    assert row.token_ids == full_ids
+    messages = [ChatMessage.model_validate(m) for m in TRANSCRIPT]
+    assert row.token_ids == render_chat_ids(tokenizer, messages, TOOLS, add_generation_prompt=False)
     assert len(row.loss_mask) == len(row.token_ids)
-    trained = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m])
-    assert "calculator" in trained
-    assert "84" in trained
+    trained = [t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m]
+    # Exactly the two completions: the tool call and the answer, each closed by the end-of-turn token.
+    call = tokenizer.encode(
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>',
+        add_special_tokens=False,
+    )
+    eos = tokenizer.eos_token_id
+    assert trained == [*call, eos, *tokenizer.encode("84", add_special_tokens=False), eos]
     context = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if not m])
     assert "12 times 7" in context
+    assert "<tool_response>" in context
+
+
+def test_chat_row_prompts_are_the_engines_prompts(model_dir: Path) -> None:
+    """Each assistant turn starts right after the ids the engine's server renders for that request."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    row = chat_row(tokenizer, TRANSCRIPT, TOOLS)
+    for turn in (1, 3):
+        request = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": TRANSCRIPT[:turn], "tools": TOOLS}
+        )
+        prompt = chat_prompt_ids(tokenizer, request)
+        assert row.token_ids[: len(prompt)] == prompt
+        assert row.loss_mask[len(prompt) - 1] == 0
+        assert row.loss_mask[len(prompt)] == 1
+
+
+def test_chat_row_refuses_a_transcript_without_an_assistant_turn(model_dir: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    with pytest.raises(ConfigError, match="no assistant turn"):
+        chat_row(tokenizer, TRANSCRIPT[:1], TOOLS)
 
 
 def test_fine_tuning_lowers_the_loss_of_the_trained_tokens(model_dir: Path) -> None:

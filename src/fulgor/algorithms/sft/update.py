@@ -39,24 +39,41 @@ class SFTConfig:
 def chat_row(
     tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
 ) -> TrajectoryRow:
-    """A training row from a chat transcript: the assistant turns are trained on, the rest is context.
+    """A training row from a chat transcript, with the ids the engine serves it with.
 
-    The row is the chat template's rendering of the whole transcript; the tokens each assistant turn
-    adds (its prefix rendering versus the one before it) get mask 1. A template that is not
-    append-only (one that re-renders earlier turns) is refused, since its rows would not match what
-    the engine sees when it serves the same conversation turn by turn.
+    Each assistant turn is cut where the engine would see it: the conversation before it is rendered
+    as the engine renders a prompt (:func:`fulgor.engine.prompts.render_chat_ids`, generation prompt
+    included) and is context (mask 0); the turn's own tokens up to and including the end-of-turn
+    token (what the model emits) get mask 1; what the template writes after that is context. A
+    template that is not append-only (one that re-renders earlier turns) is refused, since its rows
+    would not match what the engine sees when it serves the conversation turn by turn.
     """
+    from fulgor.engine.prompts import render_chat_ids
+    from fulgor.engine.protocol import ChatMessage, Tool
+
+    parsed = [ChatMessage.model_validate(message) for message in messages]
+    tool_defs = [Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or ()] or None
     token_ids: list[int] = []
     loss_mask: list[int] = []
-    for end in range(1, len(messages) + 1):
-        ids = _render(tokenizer, messages[:end], tools)
+
+    def extend(ids: list[int], trained_until: int = 0) -> None:
         if ids[: len(token_ids)] != token_ids:
             raise ConfigError(
                 "the chat template re-renders earlier turns; chat_row needs an append-only template"
             )
-        trained = 1 if messages[end - 1].get("role") == "assistant" else 0
-        loss_mask += [trained] * (len(ids) - len(token_ids))
-        token_ids = ids
+        added = len(ids) - len(token_ids)
+        loss_mask.extend(1 if offset < trained_until else 0 for offset in range(added))
+        token_ids[:] = ids
+
+    for index, message in enumerate(parsed):
+        if message.role != "assistant":
+            continue
+        extend(render_chat_ids(tokenizer, parsed[:index], tool_defs, add_generation_prompt=True))
+        turn_start = len(token_ids)
+        full = render_chat_ids(tokenizer, parsed[: index + 1], tool_defs, add_generation_prompt=False)
+        extend(full, trained_until=_end_of_turn(full, turn_start, tokenizer.eos_token_id) - turn_start)
+    if not token_ids:
+        raise ConfigError("the transcript has no assistant turn; there is nothing to train on")
     return TrajectoryRow(
         token_ids=token_ids,
         loss_mask=loss_mask,
@@ -66,12 +83,12 @@ def chat_row(
     )
 
 
-def _render(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
-) -> list[int]:
-    encoded = tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=True)
-    ids = encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
-    return [int(i) for i in ids]
+def _end_of_turn(ids: list[int], start: int, eos_id: int | None) -> int:
+    """The index just past the first end-of-turn token from ``start`` (the end when there is none)."""
+    for position in range(start, len(ids)):
+        if ids[position] == eos_id:
+            return position + 1
+    return len(ids)
 
 
 class SFTUpdater:
