@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import torch
 from agents.chat_agent import one_call
 from tests.process_support import command_line, descendants
 
@@ -27,6 +28,7 @@ from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.store import SqliteStore
+from fulgor.training.checkpoints import load_training_state
 from fulgor.types import ModelCall, Rollout
 
 TASKS = [
@@ -63,6 +65,13 @@ def assert_closed(url: str) -> None:
     parts = urlsplit(url)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((parts.hostname or "", parts.port or 0), timeout=1).close()
+
+
+def optimizer_state(checkpoint: Path) -> dict[str, Any]:
+    state = load_training_state(checkpoint)
+    assert state is not None
+    optimizer: dict[str, Any] = state["updater"]["optimizer"]
+    return optimizer
 
 
 def read_store(path: Path) -> tuple[list[Rollout], dict[str, list[ModelCall]], list[LLM]]:
@@ -158,12 +167,24 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
         assert replica is not None
         assert_closed(replica)
 
+    # Each checkpoint holds the optimiser state, and a resumed trainer's updater starts from it.
+    saved = optimizer_state(run_dir / "checkpoints" / "step-2")
+    assert {float(state["step"]) for state in saved["state"].values()} == {2.0}
+    _, updater = make_trainer(run_dir, model_dir)._trainable(run_dir / "checkpoints" / "step-2", 2)
+    restored = updater.optimizer.state_dict()
+    assert restored["state"].keys() == saved["state"].keys()
+    for key, state in saved["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(restored["state"][key][name], state[name])
+
     # A new trainer on the same run directory continues after the newest checkpoint.
     resumed = make_trainer(run_dir, model_dir, max_steps=3).fit(one_call, TASKS, TASKS[:2])
     assert [line["step"] for line in resumed] == [3]
     assert resumed[0]["model_version"] == 3
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
     assert (run_dir / "checkpoints" / "step-3" / "config.json").is_file()
+    third = optimizer_state(run_dir / "checkpoints" / "step-3")
+    assert {float(state["step"]) for state in third["state"].values()} == {3.0}  # 2 restored + 1
     assert leftover_processes() == set()
 
 

@@ -2,8 +2,10 @@
 
 The engine serves one copy of the weights and the trainer updates another; after each step the
 trainer saves its copy as ``checkpoints/step-N`` (written to a temporary directory and renamed, so
-a checkpoint that exists is complete) and the engine loads it. A run restarted on the same run
-directory continues from the newest complete checkpoint.
+a checkpoint that exists is complete) and the engine loads it. Next to the weights,
+``training_state.pt`` holds what continuing exactly needs besides them (the updater's optimiser
+state and the step). A run restarted on the same run directory continues from the newest complete
+checkpoint.
 
 Needs ``fulgor[torch]``.
 """
@@ -18,11 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Policy", "latest_checkpoint", "load_policy", "set_torch_threads"]
+__all__ = [
+    "TRAINING_STATE_FILE",
+    "Policy",
+    "latest_checkpoint",
+    "load_policy",
+    "load_training_state",
+    "set_torch_threads",
+]
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+TRAINING_STATE_FILE = "training_state.pt"
 
 
 @dataclass
@@ -32,14 +42,19 @@ class Policy:
     model: Any
     tokenizer: Any
 
-    def save(self, checkpoints: Path, step: int) -> Path:
-        """Save as ``checkpoints/step-{step}`` (complete or absent, never half written)."""
+    def save(self, checkpoints: Path, step: int, training_state: dict[str, Any] | None = None) -> Path:
+        """Save as ``checkpoints/step-{step}`` (complete or absent, never half written), with
+        ``training_state`` (tensors, numbers, strings) in its ``training_state.pt``."""
+        import torch
+
         final = checkpoints / f"step-{step}"
         partial = checkpoints / f".step-{step}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         self.model.save_pretrained(partial)
         self.tokenizer.save_pretrained(partial)
+        if training_state is not None:
+            torch.save({"step": step, **training_state}, partial / TRAINING_STATE_FILE)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         return final
@@ -51,6 +66,18 @@ def load_policy(path: Path, device: str) -> Policy:
 
     loaded = load_model(path, device=resolve_device(device), dtype="float32")
     return Policy(loaded.model, loaded.tokenizer)
+
+
+def load_training_state(checkpoint: Path) -> dict[str, Any] | None:
+    """The training state saved with ``checkpoint``, on the CPU (an optimiser moves its state to its
+    parameters' device when it loads it); None when the checkpoint has none."""
+    import torch
+
+    path = checkpoint / TRAINING_STATE_FILE
+    if not path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state
 
 
 def latest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:

@@ -31,7 +31,13 @@ from fulgor.algorithms.grpo.algorithm import GRPO
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import LATEST, Store
-from fulgor.training.checkpoints import Policy, latest_checkpoint, load_policy, set_torch_threads
+from fulgor.training.checkpoints import (
+    Policy,
+    latest_checkpoint,
+    load_policy,
+    load_training_state,
+    set_torch_threads,
+)
 from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport, drift_total
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
 from fulgor.training.services import Services, open_run_store, start_services
@@ -144,7 +150,7 @@ class Trainer:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
         async with self.start_services(agent, model_dir, start_step) as services:
-            policy, updater = await asyncio.to_thread(self._trainable, model_dir)
+            policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
             resources = await self.put_resources(services)
             for step in range(start_step + 1, self.algorithm.max_steps + 1):
                 timer = PhaseTimer()
@@ -155,7 +161,7 @@ class Trainer:
                 with timer("update_policy"):
                     update = await self.update_policy(updater, outcomes)
                 with timer("publish_weights"):
-                    resources = await self.publish_weights(services, policy, step)
+                    resources = await self.publish_weights(services, policy, updater, step)
                 val_accuracy = None
                 if val and self.algorithm.validates_at(step):
                     with timer("validate"):
@@ -249,9 +255,16 @@ class Trainer:
             return {}
         return await asyncio.to_thread(updater.step, trajectories)
 
-    async def publish_weights(self, services: Services, policy: Policy, step: int) -> ResourceIds:
-        """Save ``checkpoints/step-N``, swap it into the engine between calls, publish new resources."""
-        checkpoint = await asyncio.to_thread(policy.save, self.checkpoints_dir, step)
+    async def publish_weights(
+        self, services: Services, policy: Policy, updater: PolicyUpdater, step: int
+    ) -> ResourceIds:
+        """Save ``checkpoints/step-N`` (weights and the updater's state), swap it into the engine
+        between calls, publish new resources."""
+
+        def save() -> Path:
+            return policy.save(self.checkpoints_dir, step, {"updater": updater.state_dict()})
+
+        checkpoint = await asyncio.to_thread(save)
         version = await services.swap_weights(str(checkpoint))
         logger.info("step %d: the engine serves %s as model version %d", step, checkpoint, version)
         return await self.put_resources(services)
@@ -319,14 +332,22 @@ class Trainer:
         logger.info("resuming from %s (step %d)", latest[1], latest[0])
         return latest
 
-    def _trainable(self, model_dir: Path) -> tuple[Policy, PolicyUpdater]:
-        """The trainer's copy of the weights and its updater (with a frozen reference for KL)."""
+    def _trainable(self, model_dir: Path, step: int) -> tuple[Policy, PolicyUpdater]:
+        """The trainer's copy of the weights and its updater (with a frozen reference for KL); from a
+        checkpoint (``step`` > 0), the updater continues with the optimiser state saved with it."""
         policy = load_policy(model_dir, self.engine.device)
         reference = None
         if self.algorithm.config.kl_coef > 0:
             reference = load_policy(self.engine.model, self.engine.device).model.eval()
             reference.requires_grad_(False)
-        return policy, self.algorithm.updater(policy.model, reference)
+        updater = self.algorithm.updater(policy.model, reference)
+        if step > 0:
+            state = load_training_state(model_dir)
+            if state is None:
+                logger.warning("%s holds no training state: the optimiser starts afresh", model_dir)
+            else:
+                updater.load_state_dict(state["updater"])
+        return policy, updater
 
     def _request(
         self, task: Any, mode: RolloutMode, resources_id: str, *, group_id: str | None = None, step: int = 0

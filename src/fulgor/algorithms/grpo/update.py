@@ -99,7 +99,8 @@ def token_logprobs(
 
 
 class PolicyUpdater:
-    """Owns the optimiser; ``step`` applies one GRPO update to ``model`` in place."""
+    """Owns the optimiser; ``step`` applies one GRPO update to ``model`` in place; ``state_dict`` and
+    ``load_state_dict`` carry the optimiser through a checkpoint."""
 
     def __init__(self, model: Any, config: GRPOConfig, reference_model: Any | None = None) -> None:
         import torch
@@ -109,6 +110,20 @@ class PolicyUpdater:
         self.reference_model = reference_model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What continuing exactly needs besides the weights: the optimiser's moments and step counts,
+        and torch's random state (dropout, when a model or adapter has any, draws from it)."""
+        import torch
+
+        return {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of an updater over the same parameters)."""
+        import torch
+
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One update from a batch of trajectories; returns the step's metrics."""
