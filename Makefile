@@ -15,7 +15,7 @@ $(VENV)/.created:
 
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[dev,torch,server,frameworks,ray,postgres]'
+	$(PIP) install -e '.[dev,torch,server,frameworks,ray,postgres,tracking]'
 	touch $@
 
 lint: $(VENV)/.installed-test

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ pytest.importorskip("transformers")
 import torch
 from agents.chat_agent import one_call
 from tests.process_support import command_line, descendants
+from tests.tracking_support import tensorboard_scalars, wandb_history
 
 from fulgor import GRPO, LLM, Trainer, rollout, semconv
 from fulgor.algorithms.grpo import GRPOConfig
@@ -29,6 +31,7 @@ from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.store import SqliteStore
 from fulgor.training.checkpoints import load_training_state
+from fulgor.training.tracking import TensorBoardTracker, Tracker, WandbTracker
 from fulgor.types import ModelCall, Rollout
 
 TASKS = [
@@ -44,15 +47,18 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("trainer") / "tiny", "tiny", seed=0)
 
 
-def make_trainer(run_dir: Path, model_dir: Path, max_steps: int = 2) -> Trainer:
+def make_trainer(
+    run_dir: Path, model_dir: Path, max_steps: int = 2, trackers: Sequence[Tracker] = ()
+) -> Trainer:
     algorithm = GRPO(
         group_size=2, batch_tasks=2, max_steps=max_steps, val_every=2, max_tokens=8,
         config=GRPOConfig(learning_rate=1e-3),
     )  # fmt: skip
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
     return Trainer(
-        algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=2, max_concurrency=4, torch_threads=2
-    )
+        algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=2, max_concurrency=4, torch_threads=2,
+        trackers=trackers,
+    )  # fmt: skip
 
 
 def leftover_processes() -> set[str]:
@@ -185,6 +191,35 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     assert (run_dir / "checkpoints" / "step-3" / "config.json").is_file()
     third = optimizer_state(run_dir / "checkpoints" / "step-3")
     assert {float(state["step"]) for state in third["state"].values()} == {3.0}  # 2 restored + 1
+    assert leftover_processes() == set()
+
+
+def test_fit_sends_every_metric_to_tensorboard_and_wandb(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    trackers = (TensorBoardTracker(), WandbTracker(project="tests"))
+
+    make_trainer(run_dir, model_dir, trackers=trackers).fit(one_call, TASKS, TASKS[:2])
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    expected = {
+        line["step"]: {k: v for k, v in line.items() if k != "step" and v is not None} for line in lines
+    }
+    assert sorted(expected) == [1, 2]
+    assert "val_accuracy" in expected[2]
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    for step, metrics in expected.items():
+        logged = {tag: values[step] for tag, values in scalars.items() if step in values}
+        assert logged == pytest.approx(metrics, rel=1e-6)
+    run_id = (run_dir / "wandb_run_id").read_text()
+    [run_file] = (tmp_path / "wandb-dir" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    assert wandb_history(run_file) == expected
     assert leftover_processes() == set()
 
 

@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "fulgor.agent.base",
+    "fulgor.training.tracking",
     "examples.calc.agent",
     "examples.calc.dataset",
     "examples.calc.reward",

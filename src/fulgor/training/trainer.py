@@ -41,11 +41,13 @@ from fulgor.training.checkpoints import (
 from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport, drift_total
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
 from fulgor.training.services import Services, open_run_store, start_services
+from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
 
 if TYPE_CHECKING:
     from fulgor.algorithms.grpo.update import PolicyUpdater
     from fulgor.engine.local import EngineConfig
+    from fulgor.training.tracking import Tracker
 
 __all__ = ["Trainer"]
 
@@ -83,6 +85,7 @@ class Trainer:
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
+    ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class Trainer:
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
         resume: bool = True,
+        trackers: Sequence[Tracker] = (),
     ) -> None:
         if n_runners < 1 or max_concurrency < 1:
             raise ConfigError(
@@ -116,6 +120,7 @@ class Trainer:
         )
         self.torch_threads = torch_threads
         self.resume = resume
+        self.trackers = tuple(trackers)
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -149,24 +154,26 @@ class Trainer:
         if start_step >= self.algorithm.max_steps:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
-        async with self.start_services(agent, model_dir, start_step) as services:
-            policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
-            resources = await self.put_resources(services)
-            for step in range(start_step + 1, self.algorithm.max_steps + 1):
-                timer = PhaseTimer()
-                with timer("collect_rollouts"):
-                    rollouts = await self.collect_rollouts(services, train, step, resources)
-                with timer("build_trajectories"):
-                    outcomes = await self.build_trajectories(services, rollouts)
-                with timer("update_policy"):
-                    update = await self.update_policy(updater, outcomes)
-                with timer("publish_weights"):
-                    resources = await self.publish_weights(services, policy, updater, step)
-                val_accuracy = None
-                if val and self.algorithm.validates_at(step):
-                    with timer("validate"):
-                        val_accuracy = await self.validate(services, val, resources)
-                self.log_metrics(log, step, services, outcomes, update, val_accuracy, timer)
+        with start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track:
+            async with self.start_services(agent, model_dir, start_step) as services:
+                policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
+                resources = await self.put_resources(services)
+                for step in range(start_step + 1, self.algorithm.max_steps + 1):
+                    timer = PhaseTimer()
+                    with timer("collect_rollouts"):
+                        rollouts = await self.collect_rollouts(services, train, step, resources)
+                    with timer("build_trajectories"):
+                        outcomes = await self.build_trajectories(services, rollouts)
+                    with timer("update_policy"):
+                        update = await self.update_policy(updater, outcomes)
+                    with timer("publish_weights"):
+                        resources = await self.publish_weights(services, policy, updater, step)
+                    val_accuracy = None
+                    if val and self.algorithm.validates_at(step):
+                        with timer("validate"):
+                            val_accuracy = await self.validate(services, val, resources)
+                    self.log_metrics(log, step, services, outcomes, update, val_accuracy, timer)
+                    track(log.history[-1])
         return log.history
 
     async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:

@@ -10,6 +10,7 @@ What it does not know: stores, gateways, engines or runners (the trainer wires t
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -85,6 +86,15 @@ class GRPO:
             f"val_every={self.val_every}, temperature={self.temperature}, max_tokens={self.max_tokens}, "
             f"config={self.config})"
         )
+
+    def hyperparameters(self) -> JsonDict:
+        """The run's settings as plain values (what a metrics tracker records with the run)."""
+        names = ("group_size", "batch_tasks", "max_steps", "val_every", "temperature", "top_p", "max_tokens")
+        settings: JsonDict = {"algorithm": "grpo", **{name: getattr(self, name) for name in names}}
+        settings["max_trajectory_tokens"] = self.max_trajectory_tokens
+        settings["seed"] = self.seed
+        settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
+        return settings
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
         """What the agent passes to the model: the training temperature, or greedy for validation."""
