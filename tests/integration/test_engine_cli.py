@@ -40,6 +40,18 @@ def test_model_init_builds_a_hugging_face_model(model_dir: Path, capsys: pytest.
     assert "already holds a model" in capsys.readouterr().err
 
 
+def test_model_init_learns_the_tokenizer_from_a_corpus_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Compute the sum of the invoices.\n" * 100)
+    assert main(["model", "init", "--out", str(tmp_path / "m"), "--corpus", str(corpus)]) == 0
+    tokens = json.loads((tmp_path / "m" / "tokenizer.json").read_text())["model"]["vocab"]
+    assert "Ġinvoices" in tokens
+    assert main(["model", "init", "--out", str(tmp_path / "n"), "--corpus", str(tmp_path / "none")]) == 1
+    assert "cannot read --corpus" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def served(
     model_dir: Path, tmp_path_factory: pytest.TempPathFactory

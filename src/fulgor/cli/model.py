@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
@@ -14,12 +15,22 @@ def _init(args: argparse.Namespace) -> int:
     from fulgor.engine.models import init_model
 
     try:
-        out = init_model(args.out, args.size, arch=args.arch, seed=args.seed)
+        corpus = _read_corpus(args.corpus) if args.corpus else []
+        out = init_model(args.out, args.size, arch=args.arch, seed=args.seed, corpus=corpus)
     except EngineError as exc:
         print(f"fulgor model init: {exc.message}", file=sys.stderr)
         return 1
     print(out)
     return 0
+
+
+def _read_corpus(path: str) -> list[str]:
+    from fulgor.engine.errors import ModelLoadError
+
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"cannot read --corpus {path}: {exc}; pass a UTF-8 text file") from exc
 
 
 def register(subparsers: Any) -> None:
@@ -37,4 +48,10 @@ def register(subparsers: Any) -> None:
     )
     init.add_argument("--arch", choices=("llama", "qwen2"), default="llama", help="transformers architecture")
     init.add_argument("--seed", type=int, default=0, help="same seed, same tokenizer and weights")
+    init.add_argument(
+        "--corpus",
+        metavar="FILE",
+        help="UTF-8 text of the task (prompts, transcripts) the tokenizer also learns from; "
+        "its prompts then take fewer tokens",
+    )
     init.set_defaults(handler=_init)

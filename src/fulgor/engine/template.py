@@ -3,7 +3,9 @@
 Tools are listed in the system turn inside ``<tools></tools>``; the assistant calls them with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and tool results come back in a user
 turn as ``<tool_response>...</tool_response>``. This is the layout Qwen2.5 and Hermes models use, so
-:mod:`fulgor.engine.tool_calls` parses the output of those models and of fulgor's own alike.
+:mod:`fulgor.engine.tool_calls` parses the output of those models and of fulgor's own alike. Unlike
+theirs, the system turn carries no instructions on how to call a tool: models built here learn the
+format from their training data, and every prompt token costs training time on a CPU.
 """
 
 from __future__ import annotations
@@ -56,17 +58,12 @@ CHAT_TEMPLATE: Final = "".join(
         "{%- if tools -%}",
         "{{- '<|im_start|>system\\n' -}}",
         "{{- system if system else 'You are a helpful assistant.' -}}",
-        "{{- '\\n\\n# Tools\\n\\n' -}}",
-        "{{- 'You may call one or more functions to assist with the user query.\\n\\n' -}}",
-        "{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}",
+        "{{- '\\n<tools>' -}}",
         "{%- for tool in tools -%}",
         _NL,
         "{{- (tool.function if tool.function is defined else tool) | tojson -}}",
         "{%- endfor -%}",
-        "{{- '\\n</tools>\\n\\n' -}}",
-        "{{- 'For each function call, return a json object with function name and arguments ' -}}",
-        "{{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' -}}",
-        '{{- \'{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}',
+        "{{- '\\n</tools><|im_end|>\\n' -}}",
         "{%- elif system -%}",
         "{{- '<|im_start|>system\\n' + system + '<|im_end|>\\n' -}}",
         "{%- endif -%}",

@@ -40,6 +40,16 @@ def test_same_seed_same_model(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert (again / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
 
 
+def test_a_task_corpus_makes_its_prompts_shorter(tmp_path: Path, tiny_model: Any) -> None:
+    text = "A warehouse holds forty crates of oranges; the inventory tool counts them."
+    out = init_model(tmp_path / "task", "tiny", seed=0, corpus=[text] * 200)
+    loaded = load_model(out, device="cpu")
+    fitted = len(loaded.tokenizer.encode(text, add_special_tokens=False))
+    generic = len(tiny_model.tokenizer.encode(text, add_special_tokens=False))
+    assert fitted < generic / 2
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode(text, add_special_tokens=False)) == text
+
+
 def test_qwen2_architecture(tmp_path: Path) -> None:
     out = init_model(tmp_path / "qwen", "tiny", arch="qwen2", seed=1)
     loaded = load_model(out, device="cpu")
@@ -86,8 +96,8 @@ def test_chat_template_renders_tools_calls_and_tool_results(tiny_model: Any) -> 
     text = tiny_model.tokenizer.apply_chat_template(
         messages, tools=TOOLS, add_generation_prompt=True, tokenize=False
     )
-    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
-    assert '<tools>\n{"name": "add", "description": "Add two integers."' in text
+    assert text.startswith('<|im_start|>system\nBe brief.\n<tools>\n{"name": "add", "description": "Add')
+    assert "\n</tools><|im_end|>\n<|im_start|>user\nWhat is 2 + 3?" in text
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     assert f"<|im_start|>assistant\n{call}<|im_end|>" in text
     assert (
