@@ -58,12 +58,13 @@ def test_wandb_offline_writes_the_run_and_a_resumed_session_continues_it(
     }
     assert wandb_config(run_file) == CONFIG
 
-    # The next session on the same run directory logs to the same W&B run id.
+    # The next session on the same run directory logs to the same W&B run id. (Its own WANDB_DIR:
+    # offline run folders are named to the second, and two sessions may start in the same one.)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir-2"))
     with start_tracking([WandbTracker(project="tests")], run_dir, CONFIG) as track:
         track({"step": 3, "reward_mean": 1.0})
-    runs = sorted((tmp_path / "wandb-dir" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
-    assert len(runs) == 2
-    assert {3: {"reward_mean": 1}} in [wandb_history(run) for run in runs]
+    [resumed] = (tmp_path / "wandb-dir-2" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    assert wandb_history(resumed) == {3: {"reward_mean": 1}}
 
 
 def test_a_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
