@@ -21,14 +21,18 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-from agents.chat_agent import one_call
+from agents.chat_agent import graded_call, one_call
 from tests.process_support import command_line, descendants
 from tests.tracking_support import tensorboard_scalars, wandb_history
 
 from fulgor import GRPO, LLM, Trainer, rollout, semconv
 from fulgor.algorithms.grpo import GRPOConfig
+from fulgor.algorithms.grpo.update import token_logprobs
+from fulgor.algorithms.lora import LoraConfig
+from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
+from fulgor.errors import ConfigError
 from fulgor.store import SqliteStore
 from fulgor.training.checkpoints import load_training_state
 from fulgor.training.tracking import TensorBoardTracker, Tracker, WandbTracker
@@ -48,11 +52,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make_trainer(
-    run_dir: Path, model_dir: Path, max_steps: int = 2, trackers: Sequence[Tracker] = ()
+    run_dir: Path,
+    model_dir: Path,
+    max_steps: int = 2,
+    trackers: Sequence[Tracker] = (),
+    learning_rate: float = 1e-3,
+    **options: Any,
 ) -> Trainer:
     algorithm = GRPO(
         group_size=2, batch_tasks=2, max_steps=max_steps, val_every=2, max_tokens=8,
-        config=GRPOConfig(learning_rate=1e-3),
+        config=GRPOConfig(learning_rate=learning_rate), **options,
     )  # fmt: skip
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
     return Trainer(
@@ -220,6 +229,53 @@ def test_fit_sends_every_metric_to_tensorboard_and_wandb(
     run_id = (run_dir / "wandb_run_id").read_text()
     [run_file] = (tmp_path / "wandb-dir" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
     assert wandb_history(run_file) == expected
+    assert leftover_processes() == set()
+
+
+def served_logprobs(model_dir: Path, call: ModelCall) -> list[float]:
+    """The logprobs the model in ``model_dir`` (as the engine loads it) gives the call's response."""
+    ids = torch.tensor([call.prompt_token_ids + call.response_token_ids])
+    model = load_model(model_dir, device="cpu", dtype="float32").model
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    return logprobs[0, -len(call.response_token_ids) :].tolist()
+
+
+def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    lora = LoraConfig(rank=4)
+    [line] = make_trainer(run_dir, model_dir, 1, learning_rate=2e-2, lora=lora).fit(
+        graded_call, TASKS, TASKS[:1]
+    )
+
+    assert (line["model_version"], line["rollouts_failed"], line["groups_without_signal"]) == (1, 0, 0)
+    saved = {p.name for p in (run_dir / "checkpoints" / "step-1").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "training_state.pt"} <= saved
+    assert not {"config.json", "model.safetensors"} & saved  # only the adapter
+    # Validation ran on the engine's base + the swapped-in adapter: it sampled from exactly that model.
+    rollouts, calls, _ = read_store(run_dir / "store.sqlite")
+    [val_call] = [c for r in rollouts if r.mode == "val" for c in calls[r.rollout_id]]
+    assert val_call.model_version == "1"
+    assert val_call.response_logprobs is not None
+    served = served_logprobs(run_dir / "checkpoints" / "step-1", val_call)
+    base = served_logprobs(model_dir, val_call)
+    assert served == pytest.approx(val_call.response_logprobs, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(base, val_call.response_logprobs, strict=True)) > 1e-3
+
+    # The run continues from its adapter (the engine starts on it), with its optimiser state.
+    [line] = make_trainer(run_dir, model_dir, 2, learning_rate=2e-2, lora=lora).fit(graded_call, TASKS)
+    assert line["model_version"] == 2
+    rollouts, calls, _ = read_store(run_dir / "store.sqlite")
+    assert {
+        c.model_version for r in rollouts if r.metadata.get("step") == 2 for c in calls[r.rollout_id]
+    } == {"1"}
+    assert (run_dir / "checkpoints" / "step-2" / "adapter_model.safetensors").is_file()
+    second = optimizer_state(run_dir / "checkpoints" / "step-2")
+    assert {float(state["step"]) for state in second["state"].values()} == {2.0}
+    with pytest.raises(ConfigError, match="holds a LoRA adapter"):
+        make_trainer(run_dir, model_dir, 3).fit(graded_call, TASKS)
     assert leftover_processes() == set()
 
 

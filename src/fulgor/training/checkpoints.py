@@ -1,11 +1,11 @@
 """The trainer's own copy of the model, and the checkpoints it writes under ``run_dir/checkpoints``.
 
-The engine serves one copy of the weights and the trainer updates another; after each step the
-trainer saves its copy as ``checkpoints/step-N`` (written to a temporary directory and renamed, so
-a checkpoint that exists is complete) and the engine loads it. Next to the weights,
-``training_state.pt`` holds what continuing exactly needs besides them (the updater's optimiser
-state and the step). A run restarted on the same run directory continues from the newest complete
-checkpoint.
+The engine serves one copy of the weights and the trainer updates another (all of it, or a LoRA
+adapter over it); after each step the trainer saves its copy (or just the adapter) as
+``checkpoints/step-N`` (written to a temporary directory and renamed, so a checkpoint that exists
+is complete) and the engine loads it. Next to the weights, ``training_state.pt`` holds what
+continuing exactly needs besides them (the updater's optimiser state and the step). A run
+restarted on the same run directory continues from the newest complete checkpoint.
 
 Needs ``fulgor[torch]``.
 """
@@ -18,7 +18,12 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fulgor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fulgor.algorithms.lora import LoraConfig
 
 __all__ = [
     "TRAINING_STATE_FILE",
@@ -60,12 +65,24 @@ class Policy:
         return final
 
 
-def load_policy(path: Path, device: str) -> Policy:
-    """Load a model directory for training (float32, gradients on) on ``device``."""
-    from fulgor.engine.loading import load_model, resolve_device
+def load_policy(path: Path, device: str, lora: LoraConfig | None = None) -> Policy:
+    """Load a model directory for training (float32, gradients on) on ``device``.
 
-    loaded = load_model(path, device=resolve_device(device), dtype="float32")
-    return Policy(loaded.model, loaded.tokenizer)
+    With ``lora`` only an adapter trains: full weights get a fresh one, and a LoRA checkpoint (an
+    adapter directory) is loaded over the base weights it names, to train further.
+    """
+    from fulgor.algorithms.lora import adapter_base, add_adapter, load_adapter
+    from fulgor.engine.loading import checkpoint_kind, load_model, resolve_device
+
+    resolved = resolve_device(device)
+    if checkpoint_kind(path) == "lora":
+        if lora is None:
+            raise ConfigError(f"{path} is a LoRA adapter: train it with GRPO(lora=LoraConfig(...))")
+        base = load_model(adapter_base(path), device=resolved, dtype="float32")
+        return Policy(load_adapter(base.model, path, lora), base.tokenizer)
+    loaded = load_model(path, device=resolved, dtype="float32")
+    model = loaded.model if lora is None else add_adapter(loaded.model, lora, path)
+    return Policy(model, loaded.tokenizer)
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any] | None:
@@ -81,12 +98,13 @@ def load_training_state(checkpoint: Path) -> dict[str, Any] | None:
 
 
 def latest_checkpoint(checkpoints: Path) -> tuple[int, Path] | None:
-    """The newest complete ``step-N`` checkpoint, as ``(N, path)``; None when there is none."""
+    """The newest complete ``step-N`` checkpoint (full weights or a LoRA adapter), as ``(N, path)``;
+    None when there is none."""
     found: list[tuple[int, Path]] = []
     if checkpoints.is_dir():
         for entry in checkpoints.iterdir():
             match = _STEP_DIR.match(entry.name)
-            if match and (entry / "config.json").is_file():
+            if match and any((entry / name).is_file() for name in ("config.json", "adapter_config.json")):
                 found.append((int(match.group(1)), entry))
     return max(found) if found else None
 

@@ -28,6 +28,7 @@ from fulgor import semconv
 from fulgor.adapters.trajectory import rollout_reward
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.grpo.algorithm import GRPO
+from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import LATEST, Store
@@ -336,13 +337,20 @@ class Trainer:
                 f"{self.run_dir} already holds checkpoints up to step {latest[0]}; pick a new run_dir "
                 "or pass resume=True to continue that run"
             )
+        adapter = checkpoint_kind(latest[1]) == "lora"
+        if adapter != (self.algorithm.lora is not None):
+            raise ConfigError(
+                f"{latest[1]} holds {'a LoRA adapter' if adapter else 'full weights'}, but this GRPO "
+                f"{'trains all weights' if adapter else 'trains a LoRA adapter'}; continue that run with "
+                f"{'GRPO(lora=LoraConfig(...))' if adapter else 'GRPO(lora=None)'} or pick a new run_dir"
+            )
         logger.info("resuming from %s (step %d)", latest[1], latest[0])
         return latest
 
     def _trainable(self, model_dir: Path, step: int) -> tuple[Policy, PolicyUpdater]:
         """The trainer's copy of the weights and its updater (with a frozen reference for KL); from a
         checkpoint (``step`` > 0), the updater continues with the optimiser state saved with it."""
-        policy = load_policy(model_dir, self.engine.device)
+        policy = load_policy(model_dir, self.engine.device, self.algorithm.lora)
         reference = None
         if self.algorithm.config.kl_coef > 0:
             reference = load_policy(self.engine.model, self.engine.device).model.eval()

@@ -17,6 +17,7 @@ import torch
 from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
+from fulgor.algorithms.lora import LoraConfig
 from fulgor.engine.models import init_model
 from fulgor.training.checkpoints import (
     TRAINING_STATE_FILE,
@@ -63,8 +64,11 @@ def weights(model: Any) -> dict[str, Any]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def test_a_resumed_updater_reaches_the_same_weights_bit_for_bit(tmp_path: Path, model_dir: Path) -> None:
-    policy = load_policy(model_dir, "cpu")
+@pytest.mark.parametrize("lora", [None, LoraConfig(rank=4)], ids=["full", "lora"])
+def test_a_resumed_updater_reaches_the_same_weights_bit_for_bit(
+    tmp_path: Path, model_dir: Path, lora: LoraConfig | None
+) -> None:
+    policy = load_policy(model_dir, "cpu", lora)
     updater = PolicyUpdater(policy.model, CONFIG)
     updater.step(batch(0))
     checkpoint = policy.save(tmp_path, 1, {"updater": updater.state_dict()})
@@ -78,7 +82,7 @@ def test_a_resumed_updater_reaches_the_same_weights_bit_for_bit(tmp_path: Path, 
     state = load_training_state(checkpoint)
     assert state is not None
     assert state["step"] == 1
-    resumed_policy = load_policy(checkpoint, "cpu")
+    resumed_policy = load_policy(checkpoint, "cpu", lora)
     resumed = PolicyUpdater(resumed_policy.model, CONFIG)
     resumed.load_state_dict(state["updater"])
     restored = resumed.optimizer.state_dict()["state"]
@@ -92,7 +96,7 @@ def test_a_resumed_updater_reaches_the_same_weights_bit_for_bit(tmp_path: Path, 
         assert torch.equal(tensor, uninterrupted[name]), name
 
     # Without the optimiser state, the same step from the same weights lands elsewhere.
-    fresh_policy = load_policy(checkpoint, "cpu")
+    fresh_policy = load_policy(checkpoint, "cpu", lora)
     PolicyUpdater(fresh_policy.model, CONFIG).step(batch(1))
     assert any(not torch.equal(t, uninterrupted[n]) for n, t in weights(fresh_policy.model).items())
 

@@ -21,6 +21,7 @@ from fulgor.types import JsonDict, RolloutMode
 
 if TYPE_CHECKING:
     from fulgor.algorithms.grpo.update import PolicyUpdater
+    from fulgor.algorithms.lora import LoraConfig
 
 __all__ = ["GRPO"]
 
@@ -33,7 +34,9 @@ class GRPO:
     ``config`` (learning rate, advantage estimator, clipping, KL; see :class:`GRPOConfig`). Every
     ``val_every`` steps each validation task runs once with greedy sampling (temperature 0).
     Tasks are drawn from a shuffled pass over the training set (reshuffled each pass, by ``seed``).
-    ``max_trajectory_tokens`` truncates longer token rows (counted as drift).
+    ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
+    (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
+    and each step publishes just the adapter.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class GRPO:
         agent_match: str | None = None,
         seed: int = 0,
         config: GRPOConfig | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.group_size = group_size
         self.batch_tasks = batch_tasks
@@ -62,6 +66,7 @@ class GRPO:
         self.agent_match = agent_match
         self.seed = seed
         self.config = config or GRPOConfig()
+        self.lora = lora
         self._validate()
 
     def _validate(self) -> None:
@@ -84,7 +89,7 @@ class GRPO:
         return (
             f"GRPO(group_size={self.group_size}, batch_tasks={self.batch_tasks}, max_steps={self.max_steps}, "
             f"val_every={self.val_every}, temperature={self.temperature}, max_tokens={self.max_tokens}, "
-            f"config={self.config})"
+            f"config={self.config}, lora={self.lora})"
         )
 
     def hyperparameters(self) -> JsonDict:
@@ -94,6 +99,8 @@ class GRPO:
         settings["max_trajectory_tokens"] = self.max_trajectory_tokens
         settings["seed"] = self.seed
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
+        if self.lora is not None:
+            settings.update({f"lora/{k}": v for k, v in dataclasses.asdict(self.lora).items()})
         return settings
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict:

@@ -1,0 +1,109 @@
+"""LoRA on a tiny local model: only the adapter trains, it saves alone, and the engine's loader
+serves exactly the model the trainer holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+import torch
+
+from fulgor.adapters import Trajectory, TrajectoryRow
+from fulgor.algorithms.grpo import GRPO, GRPOConfig
+from fulgor.algorithms.grpo.update import PolicyUpdater
+from fulgor.algorithms.lora import LoraConfig, load_adapter
+from fulgor.engine.loading import load_model
+from fulgor.engine.models import init_model
+from fulgor.errors import ConfigError
+from fulgor.training.checkpoints import load_policy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+IDS = torch.tensor([[5, 6, 7, 20, 30, 8]])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model(tmp_path_factory.mktemp("lora") / "tiny", "tiny", seed=0)
+
+
+def trajectory(index: int) -> Trajectory:
+    row = TrajectoryRow(
+        token_ids=[5, 6, 7 + index, 20 + index, 30],
+        loss_mask=[0, 0, 0, 1, 1],
+        sampled_logprobs=[0.0, 0.0, 0.0, -2.0, -2.0],
+        calls=[0],
+        returns=[0.0] * 5,
+    )
+    return Trajectory(f"r{index}", "g", float(index % 2), [row], model_versions=[])
+
+
+def test_only_the_adapter_trains_and_only_the_adapter_is_saved(tmp_path: Path, model_dir: Path) -> None:
+    policy = load_policy(model_dir, "cpu", LoraConfig(rank=4, target_modules=("q_proj", "v_proj")))
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    trainable = {name for name, p in policy.model.named_parameters() if p.requires_grad}
+    assert trainable
+    assert all("lora_" in name for name in trainable)
+
+    PolicyUpdater(policy.model, GRPOConfig(learning_rate=1e-2)).step([trajectory(0), trajectory(1)])
+    for name, parameter in policy.model.named_parameters():
+        changed = not torch.equal(parameter, before[name])
+        assert changed == (name in trainable and "lora_B" in name), name  # A moves only once B is not 0
+
+    policy.model.save_pretrained(tmp_path / "adapter")
+    saved = sorted(p.name for p in (tmp_path / "adapter").iterdir())
+    assert saved == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(model_dir.resolve())
+    assert (config["r"], sorted(config["target_modules"])) == (4, ["q_proj", "v_proj"])
+
+    # The engine's loader merges the adapter into the base: the same logits as the trainer's model.
+    served = load_model(tmp_path / "adapter", device="cpu", dtype="float32")
+    assert served.kind == "lora"
+    policy.model.eval()
+    with torch.no_grad():
+        expected = policy.model(input_ids=IDS).logits
+        base = load_model(model_dir, device="cpu", dtype="float32").model(input_ids=IDS).logits
+        assert torch.allclose(served.model(input_ids=IDS).logits, expected, atol=1e-5)
+    assert not torch.allclose(base, expected, atol=1e-5)
+
+
+def test_an_adapter_continues_only_with_its_own_shape(tmp_path: Path, model_dir: Path) -> None:
+    policy = load_policy(model_dir, "cpu", LoraConfig(rank=4))
+    policy.model.save_pretrained(tmp_path / "adapter")
+    policy.tokenizer.save_pretrained(tmp_path / "adapter")
+
+    resumed = load_policy(tmp_path / "adapter", "cpu", LoraConfig(rank=4))
+    assert any(p.requires_grad for name, p in resumed.model.named_parameters() if "lora_" in name)
+    assert not any(p.requires_grad for name, p in resumed.model.named_parameters() if "lora_" not in name)
+    with pytest.raises(ConfigError, match="rank 4"):
+        load_adapter(load_model(model_dir, device="cpu").model, tmp_path / "adapter", LoraConfig(rank=8))
+    with pytest.raises(ConfigError, match="GRPO\\(lora=LoraConfig"):
+        load_policy(tmp_path / "adapter", "cpu")
+    with pytest.raises(ConfigError, match="target_modules"):
+        load_policy(model_dir, "cpu", LoraConfig(target_modules=("no_such_proj",)))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"rank": 0}, "rank"),
+        ({"alpha": 0}, "alpha"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"target_modules": ()}, "target_modules"),
+    ],
+)
+def test_bad_lora_settings_fail_early(options: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        LoraConfig(**options)  # type: ignore[arg-type]
+
+
+def test_lora_settings_are_among_the_hyperparameters() -> None:
+    settings = GRPO(lora=LoraConfig(rank=2)).hyperparameters()
+    assert settings["lora/rank"] == 2
+    assert settings["config/learning_rate"] == GRPOConfig().learning_rate
+    assert "lora/rank" not in GRPO().hyperparameters()
