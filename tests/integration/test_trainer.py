@@ -135,10 +135,14 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines == history
-    assert [line["step"] for line in lines] == [1, 2]
-    assert [line["model_version"] for line in lines] == [1, 2]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert [line["model_version"] for line in lines] == [0, 1, 2]
+    # Step 0 is the validation before training: the curve's starting point.
+    assert 0.0 <= lines[0]["val_accuracy"] <= 1.0
+    assert lines[0]["val_tool_call_rate"] == 0.0  # the agent offers no tools
     rollouts, calls, [llm] = read_store(run_dir / "store.sqlite")
-    for line in lines:
+    assert 0 < lines[1]["elapsed_seconds"] < lines[2]["elapsed_seconds"]
+    for line in lines[1:]:
         assert line["rollouts"] == 4
         assert line["rollouts_failed"] == 0, [r.status for r in rollouts]
         for key in (
@@ -154,8 +158,9 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
             assert line[f"seconds/{phase}"] > 0
         assert all(line[f"drift/{name}"] == 0 for name in PROBLEMS)
         assert line["drift/calls_trained"] == 4
-    assert "val_accuracy" not in lines[0]
-    assert 0.0 <= lines[1]["val_accuracy"] <= 1.0
+        assert line["tool_call_rate"] == 0.0
+    assert "val_accuracy" not in lines[1]
+    assert 0.0 <= lines[2]["val_accuracy"] <= 1.0
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2"]
     runner_log = (run_dir / "logs" / "runners.log").read_text()
     assert "/chat/completions" in runner_log  # the agent ran in runner processes
@@ -171,8 +176,8 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     assert {c.model_version for r in by_step[1] for c in calls[r.rollout_id]} == {"0"}
     assert {c.model_version for r in by_step[2] for c in calls[r.rollout_id]} == {"1"}
     val = [r for r in rollouts if r.mode == "val"]
-    assert len(val) == 2
-    assert {c.model_version for r in val for c in calls[r.rollout_id]} == {"2"}
+    assert len(val) == 4
+    assert sorted(c.model_version for r in val for c in calls[r.rollout_id]) == ["0", "0", "2", "2"]
 
     # Nothing left: no child process, no listening port.
     assert leftover_processes() == set()
@@ -196,7 +201,8 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     resumed = make_trainer(run_dir, model_dir, max_steps=3).fit(one_call, TASKS, TASKS[:2])
     assert [line["step"] for line in resumed] == [3]
     assert resumed[0]["model_version"] == 3
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert resumed[0]["elapsed_seconds"] > lines[2]["elapsed_seconds"]  # the run's time, not the session's
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
     assert (run_dir / "checkpoints" / "step-3" / "config.json").is_file()
     third = optimizer_state(run_dir / "checkpoints" / "step-3")
     assert {float(state["step"]) for state in third["state"].values()} == {3.0}  # 2 restored + 1
@@ -220,7 +226,7 @@ def test_fit_sends_every_metric_to_tensorboard_and_wandb(
     expected = {
         line["step"]: {k: v for k, v in line.items() if k != "step" and v is not None} for line in lines
     }
-    assert sorted(expected) == [1, 2]
+    assert sorted(expected) == [0, 1, 2]
     assert "val_accuracy" in expected[2]
     scalars = tensorboard_scalars(run_dir / "tensorboard")
     for step, metrics in expected.items():

@@ -18,7 +18,7 @@ from typing import Any
 from fulgor.adapters.trajectory import DriftReport
 from fulgor.training.rollouts import RolloutOutcome
 
-__all__ = ["DevReport", "MetricsLog", "PhaseTimer", "RolloutReport", "drift_total"]
+__all__ = ["DevReport", "MetricsLog", "PhaseTimer", "ProgressBar", "RolloutReport", "drift_total"]
 
 # Drift counters that are not problems: how many calls there were and how many were trained.
 _VOLUME_COUNTERS = ("calls_total", "calls_trained")
@@ -111,13 +111,59 @@ class PhaseTimer:
 
 @dataclass
 class MetricsLog:
-    """Appends one JSON object per step to ``path`` (a restarted run appends to the same file)."""
+    """Appends one JSON object per step to ``path`` (a restarted run appends to the same file).
+
+    ``elapsed_seconds`` counts the run's wall time: this session's, plus what the file's last
+    ``elapsed_seconds`` says earlier sessions took.
+    """
 
     path: Path
     history: list[dict[str, Any]] = field(default_factory=list)
+    _started: float = field(default_factory=time.monotonic, repr=False)
+    _earlier: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.path.is_file():
+            for line in reversed(self.path.read_text().splitlines()):
+                with contextlib.suppress(json.JSONDecodeError, TypeError, ValueError):
+                    if "elapsed_seconds" in (last := json.loads(line)):
+                        self._earlier = float(last["elapsed_seconds"])
+                        break
+
+    def elapsed_seconds(self) -> float:
+        return self._earlier + time.monotonic() - self._started
 
     def write(self, metrics: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as file:
             file.write(json.dumps(metrics, sort_keys=False) + "\n")
         self.history.append(metrics)
+
+
+class ProgressBar:
+    """Training progress on stderr (tqdm): steps done, latest reward and validation accuracy."""
+
+    def __init__(self, done: int, total: int, *, enabled: bool = True) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=done, desc="training", unit="step", dynamic_ncols=True)
+        self._shown: dict[str, str] = {}
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        """Show ``metrics`` (a step's line of ``metrics.jsonl``); a training step advances the bar."""
+        if self._bar is None:
+            return
+        for key, label in (("reward_mean", "reward"), ("val_accuracy", "val"), ("tool_call_rate", "tools")):
+            if isinstance(metrics.get(key), int | float):
+                self._shown[label] = f"{metrics[key]:.3f}"
+        self._bar.set_postfix(self._shown, refresh=False)
+        self._bar.update(1 if metrics.get("step", 0) > 0 else 0)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
 from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
-from fulgor.types import Rollout, RolloutRequest
+from fulgor.types import ModelCall, Rollout, RolloutRequest
 
 __all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "run_rollouts"]
 
@@ -26,7 +27,8 @@ _WAIT_SLICE_SECONDS = 5.0
 
 @dataclass
 class RolloutOutcome:
-    """One ended rollout as training and debugging see it."""
+    """One ended rollout as training and debugging see it (``tool_calls``: how many tools its
+    model calls asked for)."""
 
     rollout: Rollout
     reward: float | None
@@ -34,6 +36,7 @@ class RolloutOutcome:
     trajectory: Trajectory | None
     drift: DriftReport = field(default_factory=DriftReport)
     error: str | None = None
+    tool_calls: int = 0
 
     @property
     def sampled_tokens(self) -> int:
@@ -62,14 +65,24 @@ async def read_outcome(
 ) -> RolloutOutcome:
     """The reward, model calls, trajectory and drift of one ended rollout's latest attempt."""
     spans = await store.query_spans(rollout.rollout_id, LATEST)
-    calls = len(model_calls(spans))
+    calls = model_calls(spans)
     reward = rollout_reward(spans)
+    tool_calls = sum(len(_requested_tools(call)) for _, call in calls)
     if rollout.status != "succeeded":
         attempts = await store.list_attempts(rollout.rollout_id)
         error = attempts[-1].error if attempts else None
-        return RolloutOutcome(rollout, reward, calls, None, error=error or rollout.status)
+        return RolloutOutcome(
+            rollout, reward, len(calls), None, error=error or rollout.status, tool_calls=tool_calls
+        )
     trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
-    return RolloutOutcome(rollout, reward, calls, trajectory, drift)
+    return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
+
+
+def _requested_tools(call: ModelCall) -> list[Any]:
+    """The tool calls a chat completion's message asked for (none for text completions)."""
+    message = call.response.get("message")
+    requested = message.get("tool_calls") if isinstance(message, dict) else None
+    return requested if isinstance(requested, list) else []
 
 
 def groups_without_signal(trajectories: Sequence[Trajectory]) -> int:

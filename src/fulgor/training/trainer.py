@@ -24,14 +24,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fulgor import semconv
-from fulgor.adapters.trajectory import rollout_reward
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.grpo.algorithm import GRPO
 from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
-from fulgor.store.base import LATEST, Store
+from fulgor.store.base import Store
 from fulgor.training.checkpoints import (
     Policy,
     latest_checkpoint,
@@ -39,7 +37,14 @@ from fulgor.training.checkpoints import (
     load_training_state,
     set_torch_threads,
 )
-from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport, drift_total
+from fulgor.training.reports import (
+    DevReport,
+    MetricsLog,
+    PhaseTimer,
+    ProgressBar,
+    RolloutReport,
+    drift_total,
+)
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.tracking import start_tracking
@@ -86,7 +91,8 @@ class Trainer:
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
-    ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too.
+    ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
+    shows a progress bar with the latest reward and validation accuracy on stderr.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class Trainer:
         torch_threads: int | None = None,
         resume: bool = True,
         trackers: Sequence[Tracker] = (),
+        progress: bool = True,
     ) -> None:
         if n_runners < 1 or max_concurrency < 1:
             raise ConfigError(
@@ -122,6 +129,7 @@ class Trainer:
         self.torch_threads = torch_threads
         self.resume = resume
         self.trackers = tuple(trackers)
+        self.progress = progress
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -155,10 +163,18 @@ class Trainer:
         if start_step >= self.algorithm.max_steps:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
-        with start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track:
+        with (
+            start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track,
+            ProgressBar(start_step, self.algorithm.max_steps, enabled=self.progress) as progress,
+        ):
             async with self.start_services(agent, model_dir, start_step) as services:
                 policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
                 resources = await self.put_resources(services)
+                if val and start_step == 0 and self.algorithm.val_before_training:
+                    before = await self.validate(services, val, resources)
+                    log.write({"step": 0, "model_version": services.engine.model_version, **before})
+                    track(log.history[-1])
+                    progress.update(log.history[-1])
                 for step in range(start_step + 1, self.algorithm.max_steps + 1):
                     timer = PhaseTimer()
                     with timer("collect_rollouts"):
@@ -169,12 +185,13 @@ class Trainer:
                         update = await self.update_policy(updater, outcomes)
                     with timer("publish_weights"):
                         resources = await self.publish_weights(services, policy, updater, step)
-                    val_accuracy = None
+                    validation: dict[str, float] = {}
                     if val and self.algorithm.validates_at(step):
                         with timer("validate"):
-                            val_accuracy = await self.validate(services, val, resources)
-                    self.log_metrics(log, step, services, outcomes, update, val_accuracy, timer)
+                            validation = await self.validate(services, val, resources)
+                    self.log_metrics(log, step, services, outcomes, update, validation, timer)
                     track(log.history[-1])
+                    progress.update(log.history[-1])
         return log.history
 
     async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:
@@ -277,15 +294,19 @@ class Trainer:
         logger.info("step %d: the engine serves %s as model version %d", step, checkpoint, version)
         return await self.put_resources(services)
 
-    async def validate(self, services: Services, val: list[Any], resources: ResourceIds) -> float:
-        """Each validation task once, greedy; the accuracy is the mean reward (no reward counts 0)."""
+    async def validate(self, services: Services, val: list[Any], resources: ResourceIds) -> dict[str, float]:
+        """Each validation task once, greedy.
+
+        Returns ``val_accuracy`` (the mean reward; no reward counts 0) and ``val_tool_call_rate``
+        (the share of rollouts whose model asked for a tool at least once).
+        """
         requests = [self._request(task, "val", resources.val) for task in val]
         rollouts = await run_rollouts(services.store, requests, services.runners)
-        rewards = []
-        for rollout in rollouts:
-            spans = await services.store.query_spans(rollout.rollout_id, LATEST, name=semconv.SPAN_REWARD)
-            rewards.append(rollout_reward(spans) or 0.0)
-        return sum(rewards) / len(rewards)
+        outcomes = await self.build_trajectories(services, rollouts)
+        return {
+            "val_accuracy": sum(o.reward or 0.0 for o in outcomes) / len(outcomes),
+            "val_tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / len(outcomes),
+        }
 
     def log_metrics(
         self,
@@ -294,7 +315,7 @@ class Trainer:
         services: Services,
         outcomes: list[RolloutOutcome],
         update: dict[str, float],
-        val_accuracy: float | None,
+        validation: dict[str, float],
         timer: PhaseTimer,
     ) -> None:
         """Append the step's metrics to ``metrics.jsonl`` and log a one-line summary."""
@@ -308,10 +329,11 @@ class Trainer:
             "rollouts": len(outcomes),
             "rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
             "groups_without_signal": groups_without_signal(trajectories),
+            "tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / max(len(outcomes), 1),
             "tokens_per_second": sum(o.sampled_tokens for o in outcomes) / max(collect_seconds, 1e-9),
         }
-        if val_accuracy is not None:
-            metrics["val_accuracy"] = val_accuracy
+        metrics.update(validation)
+        metrics["elapsed_seconds"] = round(log.elapsed_seconds(), 3)
         metrics.update({name: update[key] for key, name in _UPDATE_METRICS.items() if key in update})
         metrics.update({k: int(v) for k, v in drift_total(outcomes).as_metrics().items()})
         metrics.update({f"seconds/{phase}": round(s, 4) for phase, s in timer.seconds.items()})
@@ -320,7 +342,7 @@ class Trainer:
             "step %d: reward %s, val %s, loss %s, %.1fs",
             step,
             _fmt(metrics["reward_mean"]),
-            _fmt(val_accuracy),
+            _fmt(validation.get("val_accuracy")),
             _fmt(metrics.get("loss")),
             sum(timer.seconds.values()),
         )

@@ -32,7 +32,8 @@ class GRPO:
     Each step samples ``group_size`` rollouts for each of ``batch_tasks`` training tasks (one
     GRPO group per task), turns them into trajectories and applies one policy update with
     ``config`` (learning rate, advantage estimator, clipping, KL; see :class:`GRPOConfig`). Every
-    ``val_every`` steps each validation task runs once with greedy sampling (temperature 0).
+    ``val_every`` steps each validation task runs once with greedy sampling (temperature 0), and
+    once before the first step with ``val_before_training`` (the curve's starting point).
     Tasks are drawn from a shuffled pass over the training set (reshuffled each pass, by ``seed``).
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
     (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
@@ -46,6 +47,7 @@ class GRPO:
         batch_tasks: int = 8,
         max_steps: int = 100,
         val_every: int = 10,
+        val_before_training: bool = True,
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_tokens: int = 256,
@@ -59,6 +61,7 @@ class GRPO:
         self.batch_tasks = batch_tasks
         self.max_steps = max_steps
         self.val_every = val_every
+        self.val_before_training = val_before_training
         self.temperature = temperature
         self.top_p = top_p
         self.max_tokens = max_tokens
