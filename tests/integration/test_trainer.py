@@ -252,9 +252,8 @@ def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
 ) -> None:
     run_dir = tmp_path / "run"
     lora = LoraConfig(rank=4)
-    [line] = make_trainer(run_dir, model_dir, 1, learning_rate=2e-2, lora=lora).fit(
-        graded_call, TASKS, TASKS[:1]
-    )
+    trainer = make_trainer(run_dir, model_dir, 1, learning_rate=2e-2, lora=lora, val_before_training=False)
+    [line] = trainer.fit(graded_call, TASKS, TASKS[:1])
 
     assert (line["model_version"], line["rollouts_failed"], line["groups_without_signal"]) == (1, 0, 0)
     saved = {p.name for p in (run_dir / "checkpoints" / "step-1").iterdir()}
