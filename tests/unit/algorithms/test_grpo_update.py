@@ -3,26 +3,86 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 
 from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo.config import GRPOConfig
-from fulgor.algorithms.grpo.update import PolicyUpdater, collate, compute_advantages, token_logprobs
+from fulgor.algorithms.grpo.core import broadcast_to_tokens, policy_loss
+from fulgor.algorithms.grpo.update import (
+    PolicyUpdater,
+    collate,
+    compute_advantages,
+    micro_batches,
+    token_logprobs,
+)
 from fulgor.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SHAPE = {
+    "vocab_size": 40, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64,
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).eval()
+
+
+class Wrapped(torch.nn.Module):
+    """A model whose structure ``token_logprobs`` does not know: it must take the full logits."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **inputs: Any) -> Any:
+        return self.inner(**inputs)
+
+
+def qwen2() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SHAPE)).eval()
+
+
+def lora(model: torch.nn.Module) -> torch.nn.Module:
+    """A LoRA adapter that already changes the output (B is not 0), on the LM head too."""
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(2)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "lm_head"], init_lora_weights=False)
+    return peft.get_peft_model(copy.deepcopy(model), config)
+
+
+def full_path(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: the model's own logits at every position, log-softmax, the next token's value
+    and the entropy (detached)."""
+    positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
+    every = torch.log_softmax(logits[:, :-1].float(), -1)
+    picked = every.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(every.exp() * every).sum(-1).detach()
+    return torch.nn.functional.pad(picked, (1, 0)), torch.nn.functional.pad(entropy, (1, 0))
+
+
+def grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def head_rows(model: Any) -> list[int]:
+    """Rows (batch x positions) each later forward feeds the LM head."""
+    seen: list[int] = []
+    head = getattr(model, "inner", model).get_output_embeddings()
+    head.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+    )
+    return seen
 
 
 def row(prompt: list[int], response: list[int]) -> TrajectoryRow:
@@ -76,17 +136,96 @@ def test_advantages_per_group_and_zero_variance_counted() -> None:
     assert no_signal == 1
 
 
-def test_micro_batches_give_the_same_gradient_as_one_batch(model: torch.nn.Module) -> None:
-    grads = []
-    for micro in (1, 16):
+@pytest.mark.parametrize(
+    "make", [lambda m: m, lambda _m: qwen2(), lora, Wrapped], ids=["llama", "qwen2", "lora", "unknown"]
+)
+def test_logprobs_under_the_loss_mask_and_their_gradients_equal_the_full_path(
+    model: torch.nn.Module, make: Any
+) -> None:
+    batch = collate(BATCH)
+    mask = batch.loss_mask
+    first = make(copy.deepcopy(model))
+    second = copy.deepcopy(first)
+    seen = head_rows(first)
+    logprobs, entropy = token_logprobs(first, batch.input_ids, batch.attention_mask, mask)
+    expected, expected_entropy = full_path(second, batch.input_ids, batch.attention_mask)
+    known = not isinstance(first, Wrapped)
+    assert seen == [int(mask[:, 1:].sum()) if known else mask.numel()]  # the head ran where it had to
+    assert torch.allclose(logprobs, expected * mask, atol=1e-5)
+    assert torch.allclose(entropy, expected_entropy * mask, atol=1e-5)
+    weights = torch.linspace(0.5, 2.0, mask.numel()).reshape(mask.shape) * mask
+    (logprobs * weights).sum().backward()
+    (expected * weights).sum().backward()
+    assert torch.allclose(grads(first), grads(second), atol=1e-5)
+
+
+def test_micro_batches_sort_rows_by_length_and_cut_each_to_its_longest_row() -> None:
+    batch = collate(BATCH)
+    parts = list(micro_batches(batch, 2))
+    assert [part.rollout_index.tolist() for part in parts] == [[0, 1], [0, 3], [2]]  # lengths 7 6 | 5 4 | 3
+    assert [part.input_ids.shape for part in parts] == [(2, 7), (2, 5), (1, 3)]
+    assert parts[1].loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]]
+    assert all(part.n_rollouts == 4 for part in parts)
+
+
+def reference_step(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, float]]:
+    """The gradient and metrics of one update computed the plain way: the whole batch padded to its
+    longest row in one forward, full logits at every position."""
+    batch = collate(BATCH)
+    advantages, _ = compute_advantages(BATCH, GRPOConfig().advantage)
+    logprobs, entropy = full_path(model, batch.input_ids, batch.attention_mask)
+    mask = batch.loss_mask
+    output = policy_loss(
+        logprobs, logprobs.detach(), broadcast_to_tokens(advantages, batch.rollout_index, mask), mask,
+        batch.rollout_index, batch.n_rollouts, sampling_logprobs=batch.sampling_logprobs,
+    )  # fmt: skip
+    output.loss.backward()
+    return grads(model), {
+        "policy_loss": float(output.loss.detach()),
+        "entropy": float((entropy * mask).sum() / mask.sum()),
+        "importance_weight_mean": float(output.importance_weight_mean),
+        "clip_fraction": float(output.clip_fraction),
+    }
+
+
+def test_micro_batches_give_the_same_gradient_and_metrics_as_one_batch(model: torch.nn.Module) -> None:
+    expected_grads, expected = reference_step(copy.deepcopy(model).train())
+    assert 0 < expected["importance_weight_mean"] < 1  # the correction is on and weighs tokens
+    for micro in (1, 2, 3, 16):  # 2 and 3 split rollout "a"'s two rows across micro-batches
         copy_ = copy.deepcopy(model)
-        updater = PolicyUpdater(copy_, GRPOConfig(micro_batch_size=micro, importance_correction=False))
-        metrics = updater.step(BATCH)
-        grads.append(torch.cat([p.grad.flatten() for p in copy_.parameters() if p.grad is not None]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
-    assert metrics["trained_tokens"] == 9.0
-    assert metrics["rollouts_without_signal"] == 0.0
-    assert metrics["entropy"] > 0
+        metrics = PolicyUpdater(copy_, GRPOConfig(micro_batch_size=micro)).step(BATCH)
+        assert torch.allclose(grads(copy_), expected_grads, atol=1e-6), micro
+        for key, value in expected.items():
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (micro, key)
+        assert metrics["trained_tokens"] == 9.0
+        assert metrics["rollouts_without_signal"] == 0.0
+
+
+def test_the_kl_term_is_the_same_in_micro_batches(model: torch.nn.Module) -> None:
+    reference = qwen2()  # another policy, so that the KL is not 0
+    runs = []
+    for micro in (1, 3, 16):
+        copy_ = copy.deepcopy(model)
+        config = GRPOConfig(micro_batch_size=micro, kl_coef=0.5)
+        metrics = PolicyUpdater(copy_, config, reference_model=reference).step(BATCH)
+        runs.append((grads(copy_), metrics["kl"]))
+    assert runs[0][1] > 0
+    for gradient, kl in runs[1:]:
+        assert torch.allclose(gradient, runs[0][0], atol=1e-6)
+        assert kl == pytest.approx(runs[0][1], rel=1e-5)
+
+
+def test_a_lora_model_trains_through_the_selected_positions(model: torch.nn.Module) -> None:
+    wrapped = lora(model)
+    expected_grads, expected = reference_step(copy.deepcopy(wrapped).train())
+    seen = head_rows(wrapped)
+    metrics = PolicyUpdater(wrapped, GRPOConfig(micro_batch_size=2)).step(BATCH)
+    assert seen == [4, 4, 1]  # per micro-batch (rows of 7 and 6 tokens, 5 and 4, 3): its trained positions
+    assert [name for name, p in wrapped.named_parameters() if p.grad is not None] == [
+        name for name, p in wrapped.named_parameters() if "lora_" in name
+    ]
+    assert torch.allclose(grads(wrapped), expected_grads, atol=1e-6)
+    assert metrics["policy_loss"] == pytest.approx(expected["policy_loss"], abs=1e-6)
 
 
 def test_updates_raise_the_logprob_of_rewarded_responses(model: torch.nn.Module) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,29 @@ def _mean_logprobs(model: Any, row: TrajectoryRow) -> tuple[float, float]:
     context = (1 - mask)[1:]  # position 0 has no prediction
     values = logprobs[0, 1:]
     return float((values * context).sum() / context.sum()), float((values * mask[1:]).sum() / mask[1:].sum())
+
+
+def test_micro_batches_give_the_gradient_of_the_whole_batch(model_dir: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    rows = [chat_row(tokenizer, TRANSCRIPT[:2], TOOLS), chat_row(tokenizer, TRANSCRIPT, TOOLS)]
+    # The plain way: both rows right-padded in one forward, full logits at every position.
+    width = max(len(row.token_ids) for row in rows)
+    ids = torch.tensor([row.token_ids + [0] * (width - len(row.token_ids)) for row in rows])
+    attention = torch.tensor([[1] * len(row.token_ids) + [0] * (width - len(row.token_ids)) for row in rows])
+    mask = torch.tensor([row.loss_mask + [0] * (width - len(row.loss_mask)) for row in rows])[:, 1:]
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    loss = -(picked * mask).sum() / mask.sum()
+    reference = copy.deepcopy(model)
+    loss.backward()
+    for micro in (1, 2):
+        trained = copy.deepcopy(reference)
+        config = SFTConfig(micro_batch_size=micro, max_grad_norm=1e9)  # compare the unclipped gradient
+        metrics = SFTUpdater(trained, config).step(rows)
+        assert metrics["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
+        for before, after in zip(model.parameters(), trained.parameters(), strict=True):
+            assert torch.allclose(before.grad, after.grad, atol=1e-6)
 
 
 def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:

@@ -1,9 +1,15 @@
 """The GRPO policy update on torch: trajectories in, one optimiser step (with micro-batches) out.
 
 It reads top to bottom as the step does: ``collate`` trajectories into padded tensors,
-``compute_advantages`` once per rollout within its group, then for each micro-batch compute the
-policy's token logprobs, the loss of :mod:`fulgor.algorithms.grpo.core`, and accumulate gradients;
-finally clip the gradient norm and step the optimiser.
+``compute_advantages`` once per rollout within its group, then for each of the ``micro_batches``
+compute the policy's token logprobs, the loss of :mod:`fulgor.algorithms.grpo.core`, and accumulate
+gradients; finally clip the gradient norm and step the optimiser.
+
+Two things keep the step from computing what the loss never reads: micro-batches hold rows of
+similar length, each cut to its own longest row; and ``token_logprobs`` runs the LM head and the
+softmax only where the loss mask is 1 (the head over a vocabulary at every prompt and padding
+position is a large share of a small model's work). Neither changes the loss or its gradient: the
+loss is normalised per rollout over the whole batch, whatever rows share a micro-batch.
 
 What it does not know: where trajectories come from (the adapter), how weights reach the engine,
 or when to validate (the trainer).
@@ -11,6 +17,7 @@ or when to validate (the trainer).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +28,14 @@ from fulgor.algorithms.grpo.core import advantage_estimator, kl_penalty, policy_
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Batch", "PolicyUpdater", "collate", "compute_advantages", "token_logprobs"]
+__all__ = ["Batch", "PolicyUpdater", "collate", "compute_advantages", "micro_batches", "token_logprobs"]
+
+# Causal LMs whose forward is exactly ``lm_head(model(...).last_hidden_state)`` (transformers 5:
+# no logit scaling or soft-capping), so the head may run on chosen positions only. Exact class
+# names: a subclass may override ``forward``.
+_PLAIN_HEAD_MODELS = frozenset(
+    {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
 
 
 @dataclass
@@ -43,6 +57,17 @@ class Batch:
             self.loss_mask.to(device),
             self.sampling_logprobs.to(device),
             self.rollout_index.to(device),
+            self.n_rollouts,
+        )
+
+    def rows(self, index: torch.Tensor, width: int) -> Batch:
+        """Rows ``index`` (in that order), cut to their first ``width`` tokens."""
+        return Batch(
+            self.input_ids[index, :width],
+            self.attention_mask[index, :width],
+            self.loss_mask[index, :width],
+            self.sampling_logprobs[index, :width],
+            self.rollout_index[index],
             self.n_rollouts,
         )
 
@@ -68,6 +93,22 @@ def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
     return Batch(input_ids, attention, loss_mask, sampling, rollout_index, len(trajectories))
 
 
+def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
+    """``batch`` in micro-batches of up to ``size`` rows, longest rows first, each cut to its own
+    longest row, so rows of similar length share one and little of the work goes to padding.
+
+    Rows are right-padded, so cutting the padding leaves every kept position's result unchanged.
+    """
+    import torch
+
+    lengths = batch.attention_mask.sum(1).tolist()
+    order = sorted(range(len(lengths)), key=lambda b: -lengths[b])  # stable: ties keep batch order
+    for start in range(0, len(order), size):
+        part = order[start : start + size]
+        index = torch.tensor(part, dtype=torch.long, device=batch.input_ids.device)
+        yield batch.rows(index, int(max(lengths[b] for b in part)))
+
+
 def compute_advantages(trajectories: list[Trajectory], estimator: str) -> tuple[torch.Tensor, int]:
     """Per-rollout advantages ``[R]`` within each group, and how many rollouts carry no signal."""
     import torch
@@ -82,20 +123,74 @@ def compute_advantages(trajectories: list[Trajectory], estimator: str) -> tuple[
 
 
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` each: log p(token t | tokens < t) under ``model``, and the entropy of that
-    next-token distribution; position 0 (no context) is 0 in both."""
+    next-token distribution; position 0 (no context) and padding are 0 in both.
+
+    With ``loss_mask[B, T]`` only the positions where it is 1 are computed, the rest are 0: for a
+    Llama, Mistral or Qwen2/3 causal LM (also under a peft LoRA adapter) the LM head and the softmax
+    run on those positions only; any other model gives its full logits, of which only those positions
+    go through the softmax.
+    """
     import torch
 
+    real = attention_mask[:, 1:] > 0
+    chosen = real if loss_mask is None else real & (loss_mask[:, 1:] > 0)
     positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
+    split = _decoder_and_head(model)
+    if split is None:
+        logits = model(**inputs).logits[:, :-1][chosen]
+    else:
+        decoder, head = split
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state
+        logits = head(hidden[:, :-1][chosen])
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    picked = logprobs.gather(-1, input_ids[:, 1:][chosen].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(-1)
-    zero = torch.zeros_like(picked[:, :1])
-    return torch.cat([zero, picked], dim=1), torch.cat([zero, entropy], dim=1)
+    return _spread(picked, chosen), _spread(entropy, chosen)
+
+
+def _spread(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """``values[N]`` at the ``N`` true positions of ``chosen[B, T - 1]`` -> ``[B, T]`` (shifted one to
+    the right: position 0 predicts nothing), 0 elsewhere."""
+    import torch
+
+    spread = torch.zeros(chosen.shape, dtype=values.dtype, device=values.device).masked_scatter(
+        chosen, values
+    )
+    return torch.nn.functional.pad(spread, (1, 0))
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The decoder and the LM head of a model whose logits are just the head over the decoder's last
+    hidden state; None when the structure is unknown (the caller then takes the full logits)."""
+    base = _unwrap_lora(model)
+    if type(base).__name__ not in _PLAIN_HEAD_MODELS:
+        return None
+    return base.model, base.lm_head
+
+
+def _unwrap_lora(model: Any) -> Any:
+    """The model under a plain peft LoRA adapter (its layers carry the adapter, so calling them runs
+    it); ``model`` itself when it is not a peft model; None under any other peft wrapper."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return model
+    if not isinstance(model, PeftModel):
+        return model
+    config = model.active_peft_config
+    # Prompt learning and activated LoRA (aLoRA) change the inputs in the wrapper's forward, which
+    # calling the decoder directly would skip.
+    if config.peft_type != "LORA" or getattr(config, "alora_invocation_tokens", None):
+        return None
+    return model.get_base_model()
 
 
 class PolicyUpdater:
@@ -140,11 +235,8 @@ class PolicyUpdater:
         )
         total_tokens = float(batch.loss_mask.sum())
         sums: dict[str, float] = {}
-        for start in range(0, batch.input_ids.shape[0], self.config.micro_batch_size):
-            part = slice(start, start + self.config.micro_batch_size)
-            for key, value in self._accumulate(
-                batch, advantages, part, tokens_per_rollout, total_tokens
-            ).items():
+        for part in micro_batches(batch, self.config.micro_batch_size):
+            for key, value in self._accumulate(part, advantages, tokens_per_rollout, total_tokens).items():
                 sums[key] = sums.get(key, 0.0) + value
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
@@ -157,32 +249,26 @@ class PolicyUpdater:
         }
 
     def _accumulate(
-        self,
-        batch: Batch,
-        advantages: torch.Tensor,
-        part: slice,
-        tokens_per_rollout: torch.Tensor,
-        total_tokens: float,
+        self, part: Batch, advantages: torch.Tensor, tokens_per_rollout: torch.Tensor, total_tokens: float
     ) -> dict[str, float]:
         """Forward and backward one micro-batch; returns its share of each batch metric."""
         import torch
 
         from fulgor.algorithms.grpo.core import broadcast_to_tokens
 
-        mask = batch.loss_mask[part]
-        index = batch.rollout_index[part]
+        mask = part.loss_mask
         share = float(mask.sum()) / max(total_tokens, 1.0)  # this micro-batch's share of sampled tokens
-        logprobs, entropy = token_logprobs(self.model, batch.input_ids[part], batch.attention_mask[part])
+        logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask)
         output = policy_loss(
             logprobs,
             logprobs.detach(),  # one update per batch: the ratio is taken against this very policy
-            broadcast_to_tokens(advantages, index, mask),
+            broadcast_to_tokens(advantages, part.rollout_index, mask),
             mask,
-            index,
-            batch.n_rollouts,
+            part.rollout_index,
+            part.n_rollouts,
             clip_low=self.config.clip_low,
             clip_high=self.config.clip_high,
-            sampling_logprobs=batch.sampling_logprobs[part] if self.config.importance_correction else None,
+            sampling_logprobs=part.sampling_logprobs if self.config.importance_correction else None,
             importance_cap=self.config.importance_cap,
             tokens_per_rollout=tokens_per_rollout,
         )
@@ -195,9 +281,7 @@ class PolicyUpdater:
         }
         if self.reference_model is not None and self.config.kl_coef > 0:
             with torch.no_grad():
-                reference, _ = token_logprobs(
-                    self.reference_model, batch.input_ids[part], batch.attention_mask[part]
-                )
+                reference, _ = token_logprobs(self.reference_model, part.input_ids, part.attention_mask, mask)
             kl = kl_penalty(logprobs, reference, mask)
             loss = loss + self.config.kl_coef * kl * share
             metrics["kl"] = float(kl) * share

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
-from fulgor.algorithms.grpo.update import collate, token_logprobs
+from fulgor.algorithms.grpo.update import collate, micro_batches, token_logprobs
 from fulgor.errors import ConfigError
 
 __all__ = ["SFTConfig", "SFTUpdater", "chat_row"]
@@ -119,10 +119,9 @@ class SFTUpdater:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for start in range(0, batch.input_ids.shape[0], self.config.micro_batch_size):
-            part = slice(start, start + self.config.micro_batch_size)
-            logprobs, _ = token_logprobs(self.model, batch.input_ids[part], batch.attention_mask[part])
-            loss = -(logprobs * batch.loss_mask[part]).sum() / total
+        for part in micro_batches(batch, self.config.micro_batch_size):
+            logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention_mask, part.loss_mask)
+            loss = -(logprobs * part.loss_mask).sum() / total
             loss.backward()  # type: ignore[no-untyped-call]
             loss_sum += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
