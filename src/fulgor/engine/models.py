@@ -35,7 +35,8 @@ Architecture = Literal["llama", "qwen2"]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a locally built model."""
+    """Shape of a locally built model (``vocab_size`` is the most the tokenizer may learn: it stops
+    earlier when its corpus offers no more merges)."""
 
     vocab_size: int
     hidden_size: int
@@ -245,7 +246,11 @@ def train_tokenizer(vocab_size: int, seed: int = 0, corpus: Iterable[str] = ()) 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits are single tokens (as in Llama and Qwen): a number reads the same wherever it stands, so
+    # copying it (from a question into a tool call, from a tool result into an answer) is copying ids.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(TEXT_MARKERS),

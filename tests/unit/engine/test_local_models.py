@@ -21,8 +21,19 @@ def test_init_model_writes_a_hugging_face_directory(tiny_model_dir: Path) -> Non
         assert (tiny_model_dir / name).is_file(), name
     config = json.loads((tiny_model_dir / "config.json").read_text())
     assert config["model_type"] == "llama"
-    assert config["vocab_size"] == MODEL_SIZES["tiny"].vocab_size
+    tokenizer = json.loads((tiny_model_dir / "tokenizer.json").read_text())
+    vocab = len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) - 3  # specials counted twice
+    assert config["vocab_size"] == vocab <= MODEL_SIZES["tiny"].vocab_size
     assert checkpoint_kind(tiny_model_dir) == "full"
+
+
+def test_numbers_are_read_digit_by_digit(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    digits = [tokenizer.convert_tokens_to_ids(d) for d in "1776"]
+    for text in ("1776", " 1776", '"1776"', "\n1776\n", "Answer: 1776"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert any(ids[i : i + 4] == digits for i in range(len(ids))), text
+        assert tokenizer.decode(ids) == text
 
 
 def test_loaded_model_knows_its_limits(tiny_model: Any) -> None:
