@@ -95,6 +95,32 @@ async def test_pause_refuses_new_calls_and_drains_the_ones_in_flight() -> None:
         assert [call.model_version for call in calls] == [None, "7"]
 
 
+async def test_one_rollouts_calls_can_settle_while_anothers_stay_in_flight() -> None:
+    async with (
+        ScriptedOpenAIServer(delay_seconds=0.5) as upstream,
+        gateway_env([upstream.url]) as env,
+    ):
+        done, done_url = await env.rollout()
+        busy, busy_url = await env.rollout()
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.post(f"{done_url}/chat/completions", json=CHAT)).status_code == 200
+            in_flight = asyncio.create_task(http.post(f"{busy_url}/chat/completions", json=CHAT))
+            for _ in range(500):
+                if env.gateway.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            # The finished rollout settles at once, its call stored, though another call is running.
+            assert await env.gateway.drain_rollouts([done.rollout_id], timeout_seconds=0.1) is True
+            await asyncio.wait_for(env.gateway.recorder.caught_up(), timeout=2)
+            assert len(await env.store.query_spans(done.rollout_id, name=semconv.SPAN_MODEL_CALL)) == 1
+            assert env.gateway.in_flight == 1
+            assert await env.gateway.drain_rollouts([busy.rollout_id], timeout_seconds=0.05) is False
+            assert await env.gateway.drain_rollouts([busy.rollout_id, done.rollout_id], timeout_seconds=5)
+            assert (await in_flight).status_code == 200
+            await env.gateway.recorder.caught_up()
+            assert len(await env.store.query_spans(busy.rollout_id, name=semconv.SPAN_MODEL_CALL)) == 1
+
+
 async def test_calls_without_token_ids_are_flagged() -> None:
     async with (
         ScriptedOpenAIServer(supports_token_ids=False) as upstream,

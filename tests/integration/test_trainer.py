@@ -284,6 +284,44 @@ def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
     assert leftover_processes() == set()
 
 
+def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(tmp_path: Path, model_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    trainer = make_trainer(run_dir, model_dir, 3, learning_rate=1e-2, async_rollouts=True, max_staleness=0)
+    history = trainer.fit(graded_call, TASKS)
+
+    assert [line["model_version"] for line in history] == [1, 2, 3]
+    assert all(line["rollouts_failed"] == 0 for line in history)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2", "step-3"]
+    rollouts, calls, _ = read_store(run_dir / "store.sqlite")
+    by_step = {step: [r for r in rollouts if r.metadata["step"] == step] for step in (1, 2, 3)}
+    for step in (2, 3):
+        # Step N's rollouts were all enqueued before step N-1's update was saved: they ran during it
+        # (when step N-1 had something to train on; all stale, it publishes at once).
+        if "loss" in history[step - 2]:
+            saved = (run_dir / "checkpoints" / f"step-{step - 1}" / "training_state.pt").stat().st_mtime
+            assert max(r.enqueue_time for r in by_step[step]) < saved, step
+    for line in history:
+        # The policy updated at step N is version N-1; max_staleness=0 drops every rollout with a
+        # call on older weights, as the calls recorded them.
+        step = line["step"]
+        versions = {
+            r.rollout_id: [int(c.model_version or -1) for c in calls[r.rollout_id]] for r in by_step[step]
+        }
+        assert set().union(*versions.values()) <= {step - 2, step - 1}  # one step ahead at most
+        assert line["rollouts_stale"] == sum(1 for v in versions.values() if min(v) < step - 1)
+    assert "loss" in history[0]
+    assert history[0]["rollouts_stale"] == 0
+    # Step 2's rollouts start while step 1's first update (and the save and load after it) runs.
+    assert history[1]["rollouts_stale"] + history[2]["rollouts_stale"] > 0, history
+
+    # Weights swapped under running rollouts: a call sampled from exactly the weights its version names.
+    call = calls[by_step[3][0].rollout_id][0]
+    assert call.response_logprobs is not None
+    served = served_logprobs(run_dir / "checkpoints" / f"step-{call.model_version}", call)
+    assert served == pytest.approx(call.response_logprobs, abs=1e-4)
+    assert leftover_processes() == set()
+
+
 def test_dev_shows_why_rollouts_failed(tmp_path: Path, model_dir: Path) -> None:
     @rollout
     async def broken_agent(task: dict[str, Any], llm: LLM) -> float:

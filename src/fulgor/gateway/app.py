@@ -19,7 +19,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
 import orjson
@@ -92,6 +92,8 @@ class Gateway:
         self.retry_after_seconds = config.retry_after_seconds
         self.in_flight = 0
         self._idle: asyncio.Event | None = None
+        self._rollout_calls: dict[str, int] = {}
+        self._call_ended = asyncio.Event()
         self._started = False
 
     # -- lifecycle and admin (Python API) ---------------------------------------------------------
@@ -124,6 +126,19 @@ class Gateway:
         try:
             async with asyncio.timeout(timeout_seconds):
                 await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def drain_rollouts(self, rollout_ids: Iterable[str], timeout_seconds: float) -> bool:
+        """Wait until no call of ``rollout_ids`` is in flight, while other rollouts' calls go on
+        (a trainer reading ended rollouts while the next ones run); False on timeout. A call that
+        has left flight has also been handed to the recorder."""
+        wanted = set(rollout_ids)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                while not wanted.isdisjoint(self._rollout_calls):
+                    await self._call_ended.wait()
         except TimeoutError:
             return False
         return True
@@ -250,23 +265,31 @@ class Gateway:
         _read_call_headers(scope, record)
         record.model_version = self.model_version
         await self.recorder.reserve()
-        self._enter()
+        self._enter(rollout_id)
         try:
             context = CallContext(record, is_anthropic, request.get("model"), receive, send)
             await forward_call(self.upstreams, context)
         finally:
-            self._leave()
             self.recorder.submit(record)
+            self._leave(rollout_id)
 
-    def _enter(self) -> None:
+    def _enter(self, rollout_id: str) -> None:
         self.in_flight += 1
+        self._rollout_calls[rollout_id] = self._rollout_calls.get(rollout_id, 0) + 1
         if self._idle is not None:
             self._idle.clear()
 
-    def _leave(self) -> None:
+    def _leave(self, rollout_id: str) -> None:
         self.in_flight -= 1
+        if self._rollout_calls[rollout_id] > 1:
+            self._rollout_calls[rollout_id] -= 1
+        else:
+            del self._rollout_calls[rollout_id]
         if self.in_flight == 0 and self._idle is not None:
             self._idle.set()
+        # Wake every drain_rollouts waiter once; each checks its own rollouts again.
+        ended, self._call_ended = self._call_ended, asyncio.Event()
+        ended.set()
 
     async def _admin_route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         self._authorize(scope)

@@ -91,6 +91,9 @@ class Recorder:
         self._max_write_attempts = max_write_attempts
         self._task: asyncio.Task[None] | None = None
         self._missing_warned: set[str | None] = set()
+        self._submitted = 0
+        self._handled = 0
+        self._batch_handled = asyncio.Event()
         self.stats = RecorderStats()
 
     def start(self) -> None:
@@ -103,11 +106,20 @@ class Recorder:
 
     def submit(self, record: CallRecord) -> None:
         self.stats.pending += 1
+        self._submitted += 1
         self._queue.put_nowait(record)
 
     async def flushed(self) -> None:
         """Wait until every submitted call has been written (or counted as dropped)."""
         await self._queue.join()
+
+    async def caught_up(self) -> None:
+        """Wait until every call submitted before now has been written (or counted as dropped);
+        calls submitted meanwhile do not hold it up, as they would :meth:`flushed` under steady
+        traffic. One writer takes calls in submission order, so a count is enough."""
+        target = self._submitted
+        while self._handled < target:
+            await self._batch_handled.wait()
 
     async def close(self, timeout_seconds: float = 30.0) -> None:
         """Write what is queued (waiting up to ``timeout_seconds``), then stop."""
@@ -139,6 +151,9 @@ class Recorder:
                     self._slots.release()
                     self._queue.task_done()
                 self.stats.pending -= len(records)
+                self._handled += len(records)
+                handled, self._batch_handled = self._batch_handled, asyncio.Event()
+                handled.set()
 
     def _build(self, records: list[CallRecord]) -> list[Span]:
         spans: list[Span] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,18 +47,30 @@ class Services:
     engine_url: str
     runners: RunnerGroup
 
-    async def settle_calls(self) -> None:
-        """Wait until no model call is in flight and every recorded call is in the store."""
-        if not await self.gateway.drain(_DRAIN_TIMEOUT_SECONDS):
+    async def settle_calls(self, rollout_ids: Sequence[str] | None = None) -> None:
+        """Wait until no model call is in flight and every recorded call is in the store; with
+        ``rollout_ids``, only the calls of those rollouts (other rollouts' calls go on)."""
+        if rollout_ids is None:
+            drained = await self.gateway.drain(_DRAIN_TIMEOUT_SECONDS)
+        else:
+            drained = await self.gateway.drain_rollouts(rollout_ids, _DRAIN_TIMEOUT_SECONDS)
+        if not drained:
             logger.warning("model calls still in flight after %.0fs", _DRAIN_TIMEOUT_SECONDS)
-        await self.gateway.recorder.flushed()
+        await self.gateway.recorder.caught_up()
 
-    async def swap_weights(self, checkpoint: str) -> int:
+    async def swap_weights(self, checkpoint: str, *, pause: bool = True) -> int:
         """Pause the gateway, let calls in flight finish, load ``checkpoint`` into the engine, resume.
 
         Returns the engine's new model version; calls made after this return are served by it and
-        recorded with it.
+        recorded with it. Without ``pause`` calls keep arriving (rollouts run while the policy
+        trains): the engine lets the calls it is running finish on the old weights and holds new
+        ones until the new weights serve, and each call records the version its engine response
+        names.
         """
+        if not pause:
+            swap = await self.engine.swap_weights(checkpoint)
+            self.gateway.model_version = str(swap.model_version)
+            return swap.model_version
         self.gateway.pause()
         try:
             await self.settle_calls()

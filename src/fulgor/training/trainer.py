@@ -1,7 +1,8 @@
 """The Trainer: wires store, gateway, engine, runners and GRPO, and runs training as named steps.
 
 ``fit`` starts the services, publishes the LLM resource, then per step: ``collect_rollouts``
-(``group_size`` rollouts per task, one group per task), ``build_trajectories`` (spans to token rows
+(``group_size`` rollouts per task, one group per task; with ``GRPO(async_rollouts=True)``, the
+next step's rollouts run while this step trains), ``build_trajectories`` (spans to token rows
 with a drift report), ``update_policy`` (one GRPO step on the trainer's own copy of the model),
 ``publish_weights`` (checkpoint, gateway pause and drain, engine swap, gateway resume, a new
 resources version), ``validate`` (every ``val_every`` steps, greedy) and ``log_metrics`` (one JSON
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -37,6 +39,7 @@ from fulgor.training.checkpoints import (
     load_training_state,
     set_torch_threads,
 )
+from fulgor.training.collector import Collector
 from fulgor.training.reports import (
     DevReport,
     MetricsLog,
@@ -69,6 +72,7 @@ _UPDATE_METRICS = {
     "kl": "kl",
     "grad_norm": "grad_norm",
     "trained_tokens": "trained_tokens",
+    "rollouts_stale": "rollouts_stale",
 }
 
 
@@ -167,7 +171,10 @@ class Trainer:
             start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track,
             ProgressBar(start_step, self.algorithm.max_steps, enabled=self.progress) as progress,
         ):
-            async with self.start_services(agent, model_dir, start_step) as services:
+            async with (
+                self.start_services(agent, model_dir, start_step) as services,
+                Collector(functools.partial(self.collect_rollouts, services, train)) as collector,
+            ):
                 policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
                 resources = await self.put_resources(services)
                 if val and start_step == 0 and self.algorithm.val_before_training:
@@ -176,13 +183,13 @@ class Trainer:
                     track(log.history[-1])
                     progress.update(log.history[-1])
                 for step in range(start_step + 1, self.algorithm.max_steps + 1):
-                    timer = PhaseTimer()
-                    with timer("collect_rollouts"):
-                        rollouts = await self.collect_rollouts(services, train, step, resources)
+                    rollouts, timer = await collector.take(step, resources)  # collected ahead, or now
                     with timer("build_trajectories"):
                         outcomes = await self.build_trajectories(services, rollouts)
+                    if self.algorithm.async_rollouts and step < self.algorithm.max_steps:
+                        collector.start(step + 1, resources)  # runs while this step trains
                     with timer("update_policy"):
-                        update = await self.update_policy(updater, outcomes)
+                        update = await self.update_policy(updater, outcomes, services.engine.model_version)
                     with timer("publish_weights"):
                         resources = await self.publish_weights(services, policy, updater, step)
                     validation: dict[str, float] = {}
@@ -259,9 +266,10 @@ class Trainer:
     async def build_trajectories(self, services: Services, rollouts: list[Rollout]) -> list[RolloutOutcome]:
         """Each rollout's reward, model calls, trajectory (succeeded ones only) and drift report.
 
-        The gateway records calls off the response path: first wait until every call is stored.
+        The gateway records calls off the response path: first wait until every call of these
+        rollouts is stored (other rollouts may be running meanwhile).
         """
-        await services.settle_calls()
+        await services.settle_calls([rollout.rollout_id for rollout in rollouts])
         return [
             await read_outcome(
                 services.store,
@@ -272,13 +280,23 @@ class Trainer:
             for rollout in rollouts
         ]
 
-    async def update_policy(self, updater: PolicyUpdater, outcomes: list[RolloutOutcome]) -> dict[str, float]:
-        """One GRPO step on the trajectories (in a thread: the server keeps serving meanwhile)."""
+    async def update_policy(
+        self, updater: PolicyUpdater, outcomes: list[RolloutOutcome], policy_version: int
+    ) -> dict[str, float]:
+        """One GRPO step on the trajectories (in a thread: the server keeps serving meanwhile).
+
+        ``policy_version`` is the version of the weights being updated; with async rollouts,
+        trajectories too many versions behind it are dropped and counted as ``rollouts_stale``.
+        """
         trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
+        trajectories, stale = self.algorithm.split_stale(trajectories, policy_version)
+        counts = {"rollouts_stale": float(len(stale))} if self.algorithm.async_rollouts else {}
+        if stale:
+            logger.info("%d rollouts ran on weights too old for version %d", len(stale), policy_version)
         if not trajectories:
             logger.warning("no rollout of this step produced a trajectory; the policy is not updated")
-            return {}
-        return await asyncio.to_thread(updater.step, trajectories)
+            return counts
+        return {**await asyncio.to_thread(updater.step, trajectories), **counts}
 
     async def publish_weights(
         self, services: Services, policy: Policy, updater: PolicyUpdater, step: int
@@ -290,7 +308,8 @@ class Trainer:
             return policy.save(self.checkpoints_dir, step, {"updater": updater.state_dict()})
 
         checkpoint = await asyncio.to_thread(save)
-        version = await services.swap_weights(str(checkpoint))
+        # Async: rollouts of the next step are running; they wait for the swap instead of retrying.
+        version = await services.swap_weights(str(checkpoint), pause=not self.algorithm.async_rollouts)
         logger.info("step %d: the engine serves %s as model version %d", step, checkpoint, version)
         return await self.put_resources(services)
 

@@ -6,6 +6,7 @@ import doctest
 
 import pytest
 
+from fulgor.adapters import Trajectory
 from fulgor.algorithms.grpo import GRPO, GRPOConfig, algorithm
 from fulgor.errors import ConfigError
 
@@ -66,3 +67,19 @@ def test_kl_needs_a_reference_model() -> None:
     grpo = GRPO(config=GRPOConfig(kl_coef=0.1))
     with pytest.raises(ConfigError, match="reference"):
         grpo.updater(object())
+
+
+def ran_on(*versions: str | None) -> Trajectory:
+    return Trajectory("r", "g", 1.0, [], model_versions=list(versions))
+
+
+def test_only_async_rollouts_too_far_behind_the_policy_are_stale() -> None:
+    batch = [ran_on("5"), ran_on("4", "5"), ran_on("3"), ran_on("5", None)]
+    assert GRPO().split_stale(batch, policy_version=5) == (batch, [])  # synchronous: never stale
+    fresh, stale = GRPO(async_rollouts=True, max_staleness=1).split_stale(batch, policy_version=5)
+    assert (fresh, stale) == (batch[:2], batch[2:])
+    fresh, stale = GRPO(async_rollouts=True, max_staleness=0).split_stale(batch, policy_version=5)
+    assert (fresh, stale) == (batch[:1], batch[1:])
+    with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
+        GRPO(async_rollouts=True, max_staleness=-1)
+    assert GRPO(async_rollouts=True, max_staleness=2).hyperparameters()["max_staleness"] == 2

@@ -15,6 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fulgor.adapters.trajectory import Trajectory
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.errors import ConfigError
 from fulgor.types import JsonDict, RolloutMode
@@ -37,7 +38,9 @@ class GRPO:
     Tasks are drawn from a shuffled pass over the training set (reshuffled each pass, by ``seed``).
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
     (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
-    and each step publishes just the adapter.
+    and each step publishes just the adapter. With ``async_rollouts`` step N+1's rollouts run while
+    step N's update trains, on the weights published before it; trajectories more than
+    ``max_staleness`` weight versions behind the policy they would update are dropped (and counted).
     """
 
     def __init__(
@@ -56,6 +59,8 @@ class GRPO:
         seed: int = 0,
         config: GRPOConfig | None = None,
         lora: LoraConfig | None = None,
+        async_rollouts: bool = False,
+        max_staleness: int = 1,
     ) -> None:
         self.group_size = group_size
         self.batch_tasks = batch_tasks
@@ -70,6 +75,8 @@ class GRPO:
         self.seed = seed
         self.config = config or GRPOConfig()
         self.lora = lora
+        self.async_rollouts = async_rollouts
+        self.max_staleness = max_staleness
         self._validate()
 
     def _validate(self) -> None:
@@ -87,6 +94,11 @@ class GRPO:
             )
         if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
             raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
+        if self.max_staleness < 0:
+            raise ConfigError(
+                f"max_staleness must be >= 0 (0 trains only on rollouts of the current weights), "
+                f"got {self.max_staleness}"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -104,6 +116,8 @@ class GRPO:
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
         if self.lora is not None:
             settings.update({f"lora/{k}": v for k, v in dataclasses.asdict(self.lora).items()})
+        if self.async_rollouts:
+            settings.update(async_rollouts=True, max_staleness=self.max_staleness)
         return settings
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
@@ -133,6 +147,33 @@ class GRPO:
         random.Random(f"{self.seed}-{epoch}").shuffle(order)
         return order[offset]
 
+    def split_stale(
+        self, trajectories: Sequence[Trajectory], policy_version: int
+    ) -> tuple[list[Trajectory], list[Trajectory]]:
+        """The trajectories to train the policy at ``policy_version`` on, and the stale ones.
+
+        A trajectory is as old as its oldest model call; it is stale when that call ran more than
+        ``max_staleness`` versions before ``policy_version``, or names no version (its age is
+        unknown). Only asynchronous rollouts can be stale: synchronous ones all ran on the policy.
+
+        >>> def ran_on(*versions): return Trajectory("r", "g", 1.0, [], model_versions=list(versions))
+        >>> fresh, stale = GRPO(async_rollouts=True, max_staleness=1).split_stale(
+        ...     [ran_on("4"), ran_on("3", "4"), ran_on("2", "4"), ran_on(None)], policy_version=4)
+        >>> [t.model_versions for t in fresh], [t.model_versions for t in stale]
+        ([['4'], ['3', '4']], [['2', '4'], [None]])
+        """
+        if not self.async_rollouts:
+            return list(trajectories), []
+        fresh, stale = [], []
+        for trajectory in trajectories:
+            known = [v for v in map(_version, trajectory.model_versions) if v is not None]
+            complete = bool(known) and len(known) == len(trajectory.model_versions)
+            if complete and policy_version - min(known) <= self.max_staleness:
+                fresh.append(trajectory)
+            else:
+                stale.append(trajectory)
+        return fresh, stale
+
     def validates_at(self, step: int) -> bool:
         """Whether validation runs after ``step``: every ``val_every`` steps and after the last one."""
         return step % self.val_every == 0 or step == self.max_steps
@@ -144,3 +185,8 @@ class GRPO:
         if self.config.kl_coef > 0 and reference_model is None:
             raise ConfigError("kl_coef > 0 needs a reference model; set kl_coef=0 or pass one")
         return PolicyUpdater(model, self.config, reference_model=reference_model)
+
+
+def _version(value: str | None) -> int | None:
+    """A model version as the engine numbers it; None when a call recorded none or another form."""
+    return int(value) if value is not None and value.isdigit() else None
