@@ -30,8 +30,14 @@ unit: $(VENV)/.installed-test
 
 test: lint typecheck unit
 
-demo: $(VENV)/.installed-test
-	@echo "make demo arrives with the training issue (GRPO on the calc task); nothing to run yet."
+$(VENV)/.installed-demo: $(VENV)/.created pyproject.toml
+	$(PIP) install $(TORCH)
+	$(PIP) install -e '.[torch,server,frameworks,report]'
+	touch $@
+
+# The calc demo: build a tiny model, warm-start it, train it with GRPO through the whole system.
+demo: $(VENV)/.installed-demo
+	$(PY) -m examples.calc.train $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

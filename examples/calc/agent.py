@@ -8,10 +8,13 @@ runs against any OpenAI-compatible model.
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import operator
+import weakref
 from typing import Any
 
+import httpx
 from openai import AsyncOpenAI
 
 from examples.calc.reward import reward
@@ -19,7 +22,9 @@ from fulgor import LLM, rollout
 
 __all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate"]
 
-SYSTEM_PROMPT = "Solve the problem. Use the calculator tool for arithmetic, then reply with only the number."
+SYSTEM_PROMPT = (
+    "Solve the problem. Use the calculator tool for arithmetic, then reply with Answer: and the number."
+)
 CALCULATOR_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -66,29 +71,46 @@ def _evaluate(node: ast.expr) -> float:
     raise ValueError("only numbers and + - * / ( ) are allowed")
 
 
+def _http_client() -> httpx.AsyncClient:
+    """One connection pool per event loop, shared by the rollouts on it.
+
+    Each rollout has its own gateway URL and so its own ``AsyncOpenAI``; building a fresh HTTP
+    client (and TLS context) for each costs more CPU than a short rollout's model calls.
+    """
+    loop = asyncio.get_running_loop()
+    client = _HTTP_CLIENTS.get(loop)
+    if client is None or client.is_closed:
+        client = _HTTP_CLIENTS[loop] = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0))
+    return client
+
+
+_HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 @rollout
 async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """One problem: up to MAX_TURNS model calls; tool calls are answered by the calculator."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2)
+    client = AsyncOpenAI(
+        base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2, http_client=_http_client()
+    )
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]
     final: str | None = None
-    try:
-        for _ in range(MAX_TURNS):
-            response = await client.chat.completions.create(
-                model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], **llm.sampling_parameters
-            )  # type: ignore[call-overload]
-            message = response.choices[0].message
-            if not message.tool_calls:
-                final = message.content
-                break
-            messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls:
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool(call)})
-    finally:
-        await client.close()
+    for _ in range(MAX_TURNS):
+        response = await client.chat.completions.create(
+            model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], **llm.sampling_parameters
+        )  # type: ignore[call-overload]
+        message = response.choices[0].message
+        if not message.tool_calls:
+            final = message.content
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool(call)})
     return reward(final, task["answer"])
 
 

@@ -159,6 +159,16 @@ class Trainer:
             raise ConfigError("the dev dataset is empty; pass at least one task")
         return _run_blocking(self._dev(agent, list(dataset)))
 
+    def evaluate(self, agent: Runnable, dataset: Sequence[Any]) -> dict[str, float]:
+        """Run ``agent`` once on each task, greedy, with the newest weights (no training).
+
+        Returns ``val_accuracy`` and ``val_tool_call_rate`` as :meth:`validate` measures them,
+        for a held-out set the run never validated on.
+        """
+        if not dataset:
+            raise ConfigError("the evaluation dataset is empty; pass at least one task")
+        return _run_blocking(self._evaluate(agent, list(dataset)))
+
     # -- the training loop --------------------------------------------------------------------------
 
     async def _fit(self, agent: Runnable, train: list[Any], val: list[Any]) -> list[dict[str, Any]]:
@@ -211,6 +221,12 @@ class Trainer:
         report = DevReport([RolloutReport.from_outcome(outcome) for outcome in outcomes])
         logger.info("dev run on %d tasks:\n%s", len(dataset), report)
         return report
+
+    async def _evaluate(self, agent: Runnable, dataset: list[Any]) -> dict[str, float]:
+        start_step, model_dir = self._starting_point()
+        async with self.start_services(agent, model_dir, start_step) as services:
+            resources = await self.put_resources(services)
+            return await self.validate(services, dataset, resources)
 
     # -- the named steps ----------------------------------------------------------------------------
 

@@ -1,0 +1,143 @@
+"""The calc warm start: a short SFT on synthetic solutions, so the model knows the tool format.
+
+A freshly built model writes noise; GRPO needs it to succeed sometimes before it can learn from its
+own rollouts. The warm start shows it worked solutions of training problems, in the calc agent's
+exact conversation (its system prompt, the calculator tool, the engine's chat template), of two
+kinds: with probability ``tool_fraction`` the solution calls the calculator, reads the result and
+replies with it; otherwise it replies with the right number at once. A model this small cannot
+multiply two-digit numbers in its head, so on new problems that second habit is a guess: after the
+warm start the model knows the tool format but mostly answers without it, and is mostly wrong.
+GRPO then finds out from the rewards that calling the tool pays.
+
+    python -m examples.calc.warm_start --model runs/calc/base --out runs/calc/warm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate
+from examples.calc.dataset import Task, make_splits
+
+__all__ = ["WarmStartConfig", "corpus", "solution", "warm_start"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """How long and how hard the warm start trains, and how often its solutions use the tool."""
+
+    tool_fraction: float = 0.2
+    steps: int = 150
+    batch_size: int = 16
+    learning_rate: float = 2e-3
+    seed: int = 0
+
+
+def solution(task: Task, use_tool: bool) -> list[dict[str, Any]]:
+    """A worked solution of ``task`` as the calc agent's conversation.
+
+    >>> [m["role"] for m in solution({"question": "What is 3 times 4?", "answer": 12,
+    ...                               "a": 3, "b": 4, "op": "*"}, use_tool=True)]
+    ['system', 'user', 'assistant', 'tool', 'assistant']
+    """
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
+    if use_tool:
+        expression = f"{task['a']}{task['op']}{task['b']}"
+        call = {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+        }
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": "call_0", "content": calculate(expression)})
+    messages.append({"role": "assistant", "content": f"Answer: {task['answer']}"})
+    return messages
+
+
+def corpus(tasks: Sequence[Task]) -> list[str]:
+    """Texts of the task for the tokenizer to learn from (``fulgor model init --corpus``).
+
+    The agent's system prompt, its tool's definition, and each task's question, tool call and
+    result: with a vocabulary fitted to them, a conversation takes about a third of the tokens.
+    """
+    texts = [SYSTEM_PROMPT, json.dumps(CALCULATOR_TOOL["function"])] * 50
+    for task in tasks:
+        expression = f"{task['a']}{task['op']}{task['b']}"
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        texts += [task["question"], call, f"Answer: {task['answer']}"]
+    return texts
+
+
+def warm_start(
+    base: str | Path, out: str | Path, tasks: Sequence[Task], config: WarmStartConfig | None = None
+) -> Path:
+    """Fine-tune the model in ``base`` on synthetic solutions of ``tasks``; save it to ``out``."""
+    import torch
+
+    from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
+    from fulgor.training.checkpoints import load_policy
+
+    config = config or WarmStartConfig()
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    policy = load_policy(Path(base), "cpu")
+    updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
+    # A short linear warm-up, then cosine decay to a tenth: a fresh model's first gradients are wild.
+    warmup = max(1, config.steps // 20)
+
+    def scale(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, config.steps - warmup)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
+    started = time.perf_counter()
+    for step in range(1, config.steps + 1):
+        batch = rng.sample(list(tasks), config.batch_size)
+        rows = [
+            chat_row(policy.tokenizer, solution(task, rng.random() < config.tool_fraction), [CALCULATOR_TOOL])
+            for task in batch
+        ]
+        metrics = updater.step(rows)
+        schedule.step()
+        if step % 25 == 0 or step == config.steps:
+            logger.info("warm start step %d/%d: loss %.4f", step, config.steps, metrics["loss"])
+    out = Path(out)
+    policy.model.save_pretrained(out)
+    policy.tokenizer.save_pretrained(out)
+    seconds = time.perf_counter() - started
+    logger.info("warm start: %d steps in %.0fs, saved to %s", config.steps, seconds, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", type=Path, required=True, help="the model directory to start from")
+    parser.add_argument("--out", type=Path, required=True, help="where to save the warm-started model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=WarmStartConfig.steps)
+    parser.add_argument("--tool-fraction", type=float, default=WarmStartConfig.tool_fraction)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    config = WarmStartConfig(tool_fraction=args.tool_fraction, steps=args.steps, seed=args.seed)
+    warm_start(args.model, args.out, make_splits(args.seed)["train"], config)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
