@@ -159,7 +159,7 @@ th {{ background: #f3f3f3; }}
 <img alt="reward, accuracy and tool-call rate by step" src="data:image/png;base64,{image}">
 <h2>Every step</h2>
 <p>Drift columns count what training left out or could not merge (see the adapter's drift report);
-<code>drift/id_mismatches</code> (a trained token id that differs from the id the engine returned) must be zero.</p>
+<code>drift/id_mismatches</code> (trained token ids that differ from the engine's) must be zero.</p>
 <table><thead><tr>{head}</tr></thead><tbody>
 {rows}
 </tbody></table>

@@ -53,10 +53,10 @@ def test_a_resumed_run_keeps_the_last_line_of_each_step(tmp_path: Path) -> None:
 
 
 def test_missing_or_broken_metrics_say_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="run Trainer.fit"):
+    with pytest.raises(ConfigError, match=r"run Trainer\.fit"):
         write_run_report(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n')
-    with pytest.raises(ConfigError, match="metrics.jsonl:2 is not JSON"):
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl:2 is not JSON"):
         read_metrics(tmp_path)
     assert not (tmp_path / "report.html").exists()
 
