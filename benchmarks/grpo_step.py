@@ -37,10 +37,11 @@ What is timed:
 So both figures cover the same thing: from scored completions in memory to updated weights. The two
 implementations differ in ways that are theirs to own, and that the numbers include: TRL's fused LM
 head computes log-probabilities only at completion positions, in tiles (recomputed in backward),
-while fulgor computes logits at every position; TRL left-pads prompts and right-pads completions
-(rows as wide as the longest prompt plus the longest completion) while fulgor right-pads whole rows
-(as wide as the longest prompt + completion), so varied prompt lengths cost TRL more padding (the
-table prints both widths); fulgor also applies its importance correction from the sampled logprobs.
+while fulgor runs its LM head once, at completion positions only too; TRL left-pads prompts and
+right-pads completions (rows as wide as the longest prompt plus the longest completion) while fulgor
+right-pads whole rows, sorts them by length and cuts each micro-batch to its own longest row (the
+table prints the widest on each side); fulgor also applies its importance correction from the
+sampled logprobs.
 
 Each repetition loads the model afresh on each side, runs ``--warmup`` untimed steps, then times
 ``--steps`` steps; the sides alternate per repetition so that other load on the machine falls on
@@ -395,8 +396,8 @@ def print_table(spec: Spec, outcomes: list[Outcome]) -> None:
                 f"{ratio:>5.2f}x | {ratio_cpu:>9.2f}x"
             )
     print(
-        "width: padded row length (fulgor: longest prompt + completion; TRL: longest prompt + longest "
-        "completion)"
+        "width: padded row length (fulgor: longest prompt + completion, its widest micro-batch; TRL: "
+        "longest prompt + longest completion)"
     )
     for outcome in outcomes:
         excluded = statistics.median(outcome.trl_excluded_seconds)
