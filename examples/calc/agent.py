@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from examples.calc.reward import reward
 from fulgor import LLM, rollout
 
-__all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate"]
+__all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate", "http_client"]
 
 SYSTEM_PROMPT = (
     "Solve the problem. Use the calculator tool for arithmetic, then reply with Answer: and the number."
@@ -71,7 +71,7 @@ def _evaluate(node: ast.expr) -> float:
     raise ValueError("only numbers and + - * / ( ) are allowed")
 
 
-def _http_client() -> httpx.AsyncClient:
+def http_client() -> httpx.AsyncClient:
     """One connection pool per event loop, shared by the rollouts on it.
 
     Each rollout has its own gateway URL and so its own ``AsyncOpenAI``; building a fresh HTTP
@@ -93,7 +93,7 @@ _HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncC
 async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """One problem: up to MAX_TURNS model calls; tool calls are answered by the calculator."""
     client = AsyncOpenAI(
-        base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2, http_client=_http_client()
+        base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2, http_client=http_client()
     )
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM_PROMPT},

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -96,14 +95,11 @@ def warm_start(
     rng = random.Random(config.seed)
     policy = load_policy(Path(base), "cpu")
     updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
-    # A short linear warm-up, then cosine decay to a tenth: a fresh model's first gradients are wild.
+    # A short linear warm-up (a fresh model's first gradients are wild), then the full rate.
     warmup = max(1, config.steps // 20)
 
     def scale(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, config.steps - warmup)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
+        return min(1.0, (step + 1) / warmup)
 
     schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
     started = time.perf_counter()
