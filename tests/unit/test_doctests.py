@@ -13,6 +13,10 @@ MODULES = [
     "examples.calc.agent",
     "examples.calc.dataset",
     "examples.calc.reward",
+    "examples.calc.single_turn",
+    "examples.calc.warm_start",
+    "fulgor.training.run_report",
+    "fulgor.algorithms.grpo.algorithm",
 ]
 
 
