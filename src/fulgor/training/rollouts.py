@@ -18,7 +18,7 @@ from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
 from fulgor.types import ModelCall, Rollout, RolloutRequest
 
-__all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "run_rollouts"]
+__all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "requested_tools", "run_rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ async def read_outcome(
     spans = await store.query_spans(rollout.rollout_id, LATEST)
     calls = model_calls(spans)
     reward = rollout_reward(spans)
-    tool_calls = sum(len(_requested_tools(call)) for _, call in calls)
+    tool_calls = sum(len(requested_tools(call)) for _, call in calls)
     if rollout.status != "succeeded":
         attempts = await store.list_attempts(rollout.rollout_id)
         error = attempts[-1].error if attempts else None
@@ -78,7 +78,7 @@ async def read_outcome(
     return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
 
 
-def _requested_tools(call: ModelCall) -> list[Any]:
+def requested_tools(call: ModelCall) -> list[Any]:
     """The tool calls a chat completion's message asked for (none for text completions)."""
     message = call.response.get("message")
     requested = message.get("tool_calls") if isinstance(message, dict) else None

@@ -14,9 +14,9 @@ from fulgor.adapters import DriftReport, Trajectory
 from fulgor.errors import ConfigError
 from fulgor.training.checkpoints import latest_checkpoint
 from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport
-from fulgor.training.rollouts import RolloutOutcome, groups_without_signal
+from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, requested_tools
 from fulgor.training.runners import agent_spec
-from fulgor.types import Rollout
+from fulgor.types import ModelCall, Rollout
 
 
 @rollout
@@ -66,6 +66,18 @@ def outcome(status: str, reward: float | None, drift: DriftReport | None = None)
     rollout = Rollout(rollout_id=f"ro-{status}", input={}, status=status, enqueue_time=0.0)  # type: ignore[arg-type]
     error = None if status == "succeeded" else "ValueError: boom"
     return RolloutOutcome(rollout, reward, 1, None, drift or DriftReport(calls_total=1), error)
+
+
+def test_tool_calls_are_counted_from_the_recorded_responses() -> None:
+    def recorded(response: dict[str, Any]) -> ModelCall:
+        return ModelCall(request={}, response=response, prompt_token_ids=[1], response_token_ids=[2])
+
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    two = recorded({"message": {"content": None, "tool_calls": [call, call]}})
+    assert requested_tools(two) == [call, call]
+    assert requested_tools(recorded({"message": {"content": "Answer: 4", "tool_calls": None}})) == []
+    assert requested_tools(recorded({"text": "a completion"})) == []
+    assert requested_tools(recorded({})) == []
 
 
 def test_dev_report_lists_rollouts_with_their_problems() -> None:
