@@ -22,14 +22,12 @@ from fulgor import LLM, rollout
 
 __all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate", "http_client"]
 
-SYSTEM_PROMPT = (
-    "Solve the problem. Use the calculator tool for arithmetic, then reply with Answer: and the number."
-)
+SYSTEM_PROMPT = "Use the calculator, then reply with Answer: and the number."
 CALCULATOR_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calculator",
-        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "description": "Evaluate arithmetic: + - * / ( ).",
         "parameters": {
             "type": "object",
             "properties": {"expression": {"type": "string"}},

@@ -3,11 +3,15 @@
 A freshly built model writes noise; GRPO needs it to succeed sometimes before it can learn from its
 own rollouts. The warm start shows it worked solutions of training problems, in the calc agent's
 exact conversation (its system prompt, the calculator tool, the engine's chat template), of two
-kinds: with probability ``tool_fraction`` the solution calls the calculator, reads the result and
-replies with it; otherwise it replies with the right number at once. A model this small cannot
-multiply two-digit numbers in its head, so on new problems that second habit is a guess: after the
-warm start the model knows the tool format but mostly answers without it, and is mostly wrong.
-GRPO then finds out from the rewards that calling the tool pays.
+kinds: a solution that calls the calculator, reads the result and replies with it, and one that
+replies with the right number at once. A model this small cannot multiply two-digit numbers in its
+head, so on new problems that second habit is a guess.
+
+It runs in two phases. For the first ``tool_steps`` steps every solution uses the calculator: a
+model of a million parameters needs a few hundred steps of them to learn to copy the operands into
+the call and the result into the answer. For the rest, a solution uses it with probability
+``tool_fraction`` only: the model ends up knowing the tool format, but mostly answering without
+it, and mostly wrong. GRPO then finds out from the rewards that calling the tool pays.
 
     python -m examples.calc.warm_start --model runs/calc/base --out runs/calc/warm
 """
@@ -36,8 +40,9 @@ logger = logging.getLogger(__name__)
 class WarmStartConfig:
     """How long and how hard the warm start trains, and how often its solutions use the tool."""
 
-    tool_fraction: float = 0.2
-    steps: int = 150
+    tool_fraction: float = 0.25
+    tool_steps: int = 400
+    steps: int = 550
     batch_size: int = 16
     learning_rate: float = 2e-3
     seed: int = 0
@@ -105,8 +110,9 @@ def warm_start(
     started = time.perf_counter()
     for step in range(1, config.steps + 1):
         batch = rng.sample(list(tasks), config.batch_size)
+        fraction = 1.0 if step <= config.tool_steps else config.tool_fraction
         rows = [
-            chat_row(policy.tokenizer, solution(task, rng.random() < config.tool_fraction), [CALCULATOR_TOOL])
+            chat_row(policy.tokenizer, solution(task, rng.random() < fraction), [CALCULATOR_TOOL])
             for task in batch
         ]
         metrics = updater.step(rows)
@@ -127,10 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to save the warm-started model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=WarmStartConfig.steps)
+    parser.add_argument("--tool-steps", type=int, default=WarmStartConfig.tool_steps)
     parser.add_argument("--tool-fraction", type=float, default=WarmStartConfig.tool_fraction)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = WarmStartConfig(tool_fraction=args.tool_fraction, steps=args.steps, seed=args.seed)
+    config = WarmStartConfig(
+        tool_fraction=args.tool_fraction, tool_steps=args.tool_steps, steps=args.steps, seed=args.seed
+    )
     warm_start(args.model, args.out, make_splits(args.seed)["train"], config)
     return 0
 
