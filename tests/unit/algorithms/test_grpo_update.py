@@ -12,11 +12,15 @@ from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.core import broadcast_to_tokens, policy_loss
 from fulgor.algorithms.grpo.update import (
+    Batch,
     PolicyUpdater,
     collate,
     compute_advantages,
+    forward_prefixes,
     micro_batches,
+    shares_prefixes,
     token_logprobs,
+    waves,
 )
 from fulgor.errors import ConfigError
 
@@ -85,11 +89,13 @@ def head_rows(model: Any) -> list[int]:
     return seen
 
 
-def row(prompt: list[int], response: list[int]) -> TrajectoryRow:
+def row(prompt: list[int], response: list[int], trained: list[int] | None = None) -> TrajectoryRow:
+    """``prompt + response``, the response under loss mask 1 (or the given mask over the whole row)."""
+    mask = trained if trained is not None else [0] * len(prompt) + [1] * len(response)
     return TrajectoryRow(
         token_ids=prompt + response,
-        loss_mask=[0] * len(prompt) + [1] * len(response),
-        sampled_logprobs=[0.0] * len(prompt) + [-1.0] * len(response),
+        loss_mask=mask,
+        sampled_logprobs=[-1.0 * m for m in mask],
         calls=[0],
         returns=[0.0] * (len(prompt) + len(response)),
     )
@@ -104,6 +110,19 @@ BATCH = [
     trajectory("b", "g", 0.0, [row([1, 2, 3], [8, 9, 10])]),
     trajectory("c", "h", 1.0, [row([5, 6], [7])]),
     trajectory("d", "h", 0.0, [row([5, 6], [9, 9])]),
+]
+
+
+PROMPT_G = [(3 * i) % 37 + 1 for i in range(20)]
+PROMPT_H = [(7 * i) % 39 + 1 for i in range(24)]
+# Groups whose rows begin with the same prompt (g: 20 tokens, h: 24), rows of different lengths, a
+# rollout of two rows, and a row that shares nothing with the others (e).
+SHARED = [
+    trajectory("a", "g", 1.0, [row(PROMPT_G, [4, 5]), row([*PROMPT_G, 4, 5, 6], [7, 8])]),
+    trajectory("b", "g", 0.0, [row(PROMPT_G, [8, 9, 10])]),
+    trajectory("c", "h", 1.0, [row(PROMPT_H, [7])]),
+    trajectory("d", "h", 0.0, [row(PROMPT_H, [9, 9, 3])]),
+    trajectory("e", "h", 0.5, [row([5, 6], [7, 3])]),
 ]
 
 
@@ -168,11 +187,13 @@ def test_micro_batches_sort_rows_by_length_and_cut_each_to_its_longest_row() -> 
     assert all(part.n_rollouts == 4 for part in parts)
 
 
-def reference_step(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, float]]:
+def reference_step(
+    model: torch.nn.Module, trajectories: list[Trajectory] = BATCH
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The gradient and metrics of one update computed the plain way: the whole batch padded to its
     longest row in one forward, full logits at every position."""
-    batch = collate(BATCH)
-    advantages, _ = compute_advantages(BATCH, GRPOConfig().advantage)
+    batch = collate(trajectories)
+    advantages, _ = compute_advantages(trajectories, GRPOConfig().advantage)
     logprobs, entropy = full_path(model, batch.input_ids, batch.attention_mask)
     mask = batch.loss_mask
     output = policy_loss(
@@ -188,26 +209,38 @@ def reference_step(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, floa
     }
 
 
-def test_micro_batches_give_the_same_gradient_and_metrics_as_one_batch(model: torch.nn.Module) -> None:
-    expected_grads, expected = reference_step(copy.deepcopy(model).train())
+def shares(trajectories: list[Trajectory], micro: int) -> bool:
+    """Whether the update reads shared prefixes for this batch and micro-batch size."""
+    return any(wave.plan is not None for wave in waves(collate(trajectories), micro, share_prefixes=True))
+
+
+@pytest.mark.parametrize("trajectories", [BATCH, SHARED], ids=["plain", "shared-prefixes"])
+def test_micro_batches_give_the_same_gradient_and_metrics_as_one_batch(
+    model: torch.nn.Module, trajectories: list[Trajectory]
+) -> None:
+    expected_grads, expected = reference_step(copy.deepcopy(model).train(), trajectories)
     assert 0 < expected["importance_weight_mean"] < 1  # the correction is on and weighs tokens
     for micro in (1, 2, 3, 16):  # 2 and 3 split rollout "a"'s two rows across micro-batches
+        assert shares(trajectories, micro) == (trajectories is SHARED)
         copy_ = copy.deepcopy(model)
-        metrics = PolicyUpdater(copy_, GRPOConfig(micro_batch_size=micro)).step(BATCH)
+        metrics = PolicyUpdater(copy_, GRPOConfig(micro_batch_size=micro)).step(trajectories)
         assert torch.allclose(grads(copy_), expected_grads, atol=1e-6), micro
         for key, value in expected.items():
             assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (micro, key)
-        assert metrics["trained_tokens"] == 9.0
+        assert metrics["trained_tokens"] == float(collate(trajectories).loss_mask.sum())
         assert metrics["rollouts_without_signal"] == 0.0
 
 
-def test_the_kl_term_is_the_same_in_micro_batches(model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("trajectories", [BATCH, SHARED], ids=["plain", "shared-prefixes"])
+def test_the_kl_term_is_the_same_in_micro_batches(
+    model: torch.nn.Module, trajectories: list[Trajectory]
+) -> None:
     reference = qwen2()  # another policy, so that the KL is not 0
     runs = []
     for micro in (1, 3, 16):
         copy_ = copy.deepcopy(model)
         config = GRPOConfig(micro_batch_size=micro, kl_coef=0.5)
-        metrics = PolicyUpdater(copy_, config, reference_model=reference).step(BATCH)
+        metrics = PolicyUpdater(copy_, config, reference_model=reference).step(trajectories)
         runs.append((grads(copy_), metrics["kl"]))
     assert runs[0][1] > 0
     for gradient, kl in runs[1:]:
@@ -226,6 +259,103 @@ def test_a_lora_model_trains_through_the_selected_positions(model: torch.nn.Modu
     ]
     assert torch.allclose(grads(wrapped), expected_grads, atol=1e-6)
     assert metrics["policy_loss"] == pytest.approx(expected["policy_loss"], abs=1e-6)
+
+
+def test_a_lora_model_reads_shared_prefixes_and_gets_the_one_batch_gradient(model: torch.nn.Module) -> None:
+    wrapped = lora(model)
+    expected_grads, expected = reference_step(copy.deepcopy(wrapped).train(), SHARED)
+    assert shares_prefixes(wrapped.train(), collate(SHARED))
+    metrics = PolicyUpdater(wrapped, GRPOConfig(micro_batch_size=2)).step(SHARED)
+    assert [name for name, p in wrapped.named_parameters() if p.grad is not None] == [
+        name for name, p in wrapped.named_parameters() if "lora_" in name
+    ]
+    assert torch.allclose(grads(wrapped), expected_grads, atol=1e-6)
+    assert metrics["policy_loss"] == pytest.approx(expected["policy_loss"], abs=1e-6)
+
+
+def weighed(part: Batch) -> torch.Tensor:
+    """Per-token weights that depend on a row's tokens only, not on where the row sits."""
+    return part.loss_mask * (1 + part.input_ids / 40)
+
+
+def decoder_positions(model: Any) -> list[tuple[int, ...]]:
+    """The shape of the ids each later decoder forward runs on."""
+    seen: list[tuple[int, ...]] = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: seen.append(tuple(args[0].shape))
+    )
+    return seen
+
+
+@pytest.mark.parametrize("make", [lambda m: m, lambda _m: qwen2(), lora], ids=["llama", "qwen2", "lora"])
+def test_rows_reading_shared_prefixes_get_the_full_paths_logprobs_and_gradients(
+    model: torch.nn.Module, make: Any
+) -> None:
+    first = make(copy.deepcopy(model)).train()
+    second = copy.deepcopy(first)
+    batch = collate(SHARED)
+    assert shares_prefixes(first, batch)
+    seen = decoder_positions(first)
+    schedule = waves(batch, 2, share_prefixes=True)
+    for wave in schedule:
+        prefixes = forward_prefixes(first, wave)
+        assert (prefixes is None) == (wave.plan is None)
+        for part in wave.parts:
+            logprobs, entropy = token_logprobs(
+                first, part.input_ids, part.attention_mask, part.loss_mask, prefixes
+            )
+            with torch.no_grad():
+                expected, expected_entropy = full_path(second, part.input_ids, part.attention_mask)
+            assert torch.allclose(logprobs, expected * part.loss_mask, atol=1e-5)
+            assert torch.allclose(entropy, expected_entropy * part.loss_mask, atol=1e-5)
+            (logprobs * weighed(part)).sum().backward()
+        if prefixes is not None:
+            prefixes.backward()
+    (full_path(second, batch.input_ids, batch.attention_mask)[0] * weighed(batch)).sum().backward()
+    assert torch.allclose(grads(first), grads(second), atol=1e-5)
+    # Both prompts ran once, in one forward (g's cut to 19 tokens: its rows' losses read position 19
+    # on), then what follows them; fewer positions than the rows sorted by length.
+    assert seen[0] == (2, 23)
+    plain = sum(part.input_ids.numel() for part in micro_batches(batch, 2))
+    assert sum(rows * width for rows, width in seen) < plain
+
+
+def test_a_position_read_inside_a_shared_prefix_is_refused(model: torch.nn.Module) -> None:
+    batch = collate(SHARED)
+    wave = waves(batch, 16, share_prefixes=True)[0]
+    prefixes = forward_prefixes(model, wave)
+    part = wave.parts[0]
+    with pytest.raises(ValueError, match="inside a shared prefix"):
+        token_logprobs(model, part.input_ids, part.attention_mask, None, prefixes)  # every position
+
+
+def test_rows_in_a_shared_prefix_train_exactly_where_turns_repeat(model: torch.nn.Module) -> None:
+    """Rows whose common tokens include a trained turn: the prefix stops before it."""
+    turn = [*PROMPT_G, 4, 5]
+    trained = [0] * len(PROMPT_G) + [1, 1]
+    rows = [row(turn, [], trained), row(turn, [6, 7], [*trained, 0, 1]), row(turn, [9], [*trained, 1])]
+    trajectories = [trajectory(f"r{i}", "g", float(i), [r]) for i, r in enumerate(rows)]
+    (wave,) = waves(collate(trajectories), 16, share_prefixes=True)
+    assert wave.plan is not None
+    assert wave.plan.prefix_lengths == [19]
+    expected_grads, _ = reference_step(copy.deepcopy(model).train(), trajectories)
+    copy_ = copy.deepcopy(model)
+    PolicyUpdater(copy_, GRPOConfig(micro_batch_size=2)).step(trajectories)
+    assert torch.allclose(grads(copy_), expected_grads, atol=1e-6)
+
+
+def test_models_that_cannot_read_shared_prefixes_take_the_plain_path(model: torch.nn.Module) -> None:
+    peft = pytest.importorskip("peft")
+    batch = collate(SHARED)
+    assert not shares_prefixes(Wrapped(model), batch)  # the structure is unknown
+    checkpointed = copy.deepcopy(model).train()
+    checkpointed.activation_checkpointing_enable()
+    assert not shares_prefixes(checkpointed, batch)  # the cache would be dropped
+    config = peft.LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.1)
+    dropout = peft.get_peft_model(copy.deepcopy(model), config)
+    assert not shares_prefixes(dropout.train(), batch)  # one dropout mask would serve many rows
+    assert shares_prefixes(dropout.eval(), batch)
+    assert forward_prefixes(model, waves(batch, 2)[0]) is None  # no plan without share_prefixes
 
 
 def test_updates_raise_the_logprob_of_rewarded_responses(model: torch.nn.Module) -> None:

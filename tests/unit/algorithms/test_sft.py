@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from fulgor.adapters import TrajectoryRow
+from fulgor.adapters import Trajectory, TrajectoryRow
+from fulgor.algorithms.grpo.update import collate, waves
 from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
 from fulgor.engine.prompts import chat_prompt_ids, render_chat_ids
 from fulgor.engine.protocol import ChatCompletionRequest, ChatMessage
@@ -121,6 +122,9 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(model_dir: Path) -> 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     rows = [chat_row(tokenizer, TRANSCRIPT[:2], TOOLS), chat_row(tokenizer, TRANSCRIPT, TOOLS)]
+    # Both rows begin with the tools and the question: the update computes those tokens once.
+    batch = collate([Trajectory("sft", None, 0.0, rows, [])])
+    assert all(wave.plan is not None for micro in (1, 2) for wave in waves(batch, micro, share_prefixes=True))
     # The plain way: both rows right-padded in one forward, full logits at every position.
     width = max(len(row.token_ids) for row in rows)
     ids = torch.tensor([row.token_ids + [0] * (width - len(row.token_ids)) for row in rows])

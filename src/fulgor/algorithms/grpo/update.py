@@ -1,15 +1,19 @@
 """The GRPO policy update on torch: trajectories in, one optimiser step (with micro-batches) out.
 
 It reads top to bottom as the step does: ``collate`` trajectories into padded tensors,
-``compute_advantages`` once per rollout within its group, then for each of the ``micro_batches``
-compute the policy's token logprobs, the loss of :mod:`fulgor.algorithms.grpo.core`, and accumulate
-gradients; finally clip the gradient norm and step the optimiser.
+``compute_advantages`` once per rollout within its group, then for each of the micro-batches (in
+``waves``) compute the policy's token logprobs, the loss of :mod:`fulgor.algorithms.grpo.core`, and
+accumulate gradients; finally clip the gradient norm and step the optimiser.
 
-Two things keep the step from computing what the loss never reads: micro-batches hold rows of
-similar length, each cut to its own longest row; and ``token_logprobs`` runs the LM head and the
-softmax only where the loss mask is 1 (the head over a vocabulary at every prompt and padding
-position is a large share of a small model's work). Neither changes the loss or its gradient: the
-loss is normalised per rollout over the whole batch, whatever rows share a micro-batch.
+Three things keep the step from computing what the loss never reads, or computing it twice:
+micro-batches hold rows of similar length, each cut to its own longest row; tokens that rows begin
+with alike (a GRPO group's prompt, an agent's system prompt and tools) run through the decoder once
+per wave of micro-batches, forward and backward (``forward_prefixes``, see
+:mod:`fulgor.algorithms.grpo.prefix`), and each row's micro-batch then runs on what follows; and
+``token_logprobs`` runs the LM head and the softmax only where the loss mask is 1 (the head over a
+vocabulary at every prompt and padding position is a large share of a small model's work). None
+changes the loss or its gradient beyond float rounding: the loss is normalised per rollout over the
+whole batch, whatever rows share a micro-batch.
 
 What it does not know: where trajectories come from (the adapter), how weights reach the engine,
 or when to validate (the trainer).
@@ -22,13 +26,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
+from fulgor.algorithms.grpo import prefix
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.core import advantage_estimator, kl_penalty, policy_loss
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Batch", "PolicyUpdater", "collate", "compute_advantages", "micro_batches", "token_logprobs"]
+__all__ = [
+    "Batch",
+    "PolicyUpdater",
+    "Wave",
+    "collate",
+    "compute_advantages",
+    "forward_prefixes",
+    "micro_batches",
+    "shares_prefixes",
+    "token_logprobs",
+    "waves",
+]
 
 # Causal LMs whose forward is exactly ``lm_head(model(...).last_hidden_state)`` (transformers 5:
 # no logit scaling or soft-capping), so the head may run on chosen positions only. Exact class
@@ -99,14 +115,72 @@ def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
 
     Rows are right-padded, so cutting the padding leaves every kept position's result unchanged.
     """
-    import torch
-
     lengths = batch.attention_mask.sum(1).tolist()
     order = sorted(range(len(lengths)), key=lambda b: -lengths[b])  # stable: ties keep batch order
     for start in range(0, len(order), size):
-        part = order[start : start + size]
-        index = torch.tensor(part, dtype=torch.long, device=batch.input_ids.device)
-        yield batch.rows(index, int(max(lengths[b] for b in part)))
+        yield _part(batch, order[start : start + size], lengths)
+
+
+def _part(batch: Batch, rows: list[int], lengths: list[int]) -> Batch:
+    import torch
+
+    index = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
+    return batch.rows(index, int(max(lengths[b] for b in rows)))
+
+
+@dataclass
+class Wave:
+    """Micro-batches ``parts`` whose rows read one forward over the prefixes they share
+    (:func:`forward_prefixes`): ``rows`` are their token ids, numbered as ``plan`` numbers them;
+    without a plan they share nothing."""
+
+    parts: list[Batch]
+    rows: list[list[int]]
+    plan: prefix.Plan | None
+
+
+def waves(batch: Batch, size: int, share_prefixes: bool = False) -> list[Wave]:
+    """``batch`` in micro-batches of up to ``size`` rows, each cut to its own longest row: with
+    ``share_prefixes`` (see :func:`shares_prefixes`) in the waves of
+    :func:`fulgor.algorithms.grpo.prefix.schedule` when they compute fewer token positions, otherwise
+    in one wave of :func:`micro_batches`. A shared prefix ends before the first position whose hidden
+    state the loss reads (the one that predicts the first token under loss mask 1)."""
+    import torch
+
+    if not share_prefixes:
+        return [Wave(list(micro_batches(batch, size)), [], None)]
+    read = (batch.loss_mask[:, 1:] > 0) & (batch.attention_mask[:, 1:] > 0)
+    lengths = batch.attention_mask.sum(1)
+    limits = torch.where(read.any(1), read.int().argmax(1), lengths - 1).tolist()
+    lengths_list = lengths.tolist()
+    rows = [ids[:n] for ids, n in zip(batch.input_ids.tolist(), lengths_list, strict=True)]
+    return [
+        Wave(
+            [_part(batch, part, lengths_list) for part in wave.parts], [rows[b] for b in wave.rows], wave.plan
+        )
+        for wave in prefix.schedule(rows, limits, size)
+    ]
+
+
+def shares_prefixes(model: Any, batch: Batch) -> bool:
+    """Whether ``model``, in its present mode (training or not), can read prefixes that rows of
+    ``batch`` share from one forward over them (:func:`forward_prefixes`)."""
+    split = _decoder_and_head(model)
+    # A prefix and what follows it in another row are each at most a row long.
+    return split is not None and prefix.supports(split[0], 2 * batch.input_ids.shape[1])
+
+
+def forward_prefixes(model: Any, wave: Wave) -> prefix.SharedPrefixes | None:
+    """One forward of ``model``'s decoder over the prefixes that ``wave``'s rows share, for
+    :func:`token_logprobs` to read in each of its micro-batches; with gradients on, call its
+    ``backward()`` after their backwards. None when the rows share none or ``model`` cannot read
+    shared prefixes."""
+    split = _decoder_and_head(model)
+    if wave.plan is None or split is None:
+        return None
+    if not prefix.supports(split[0], 2 * max(len(row) for row in wave.rows)):
+        return None
+    return prefix.SharedPrefixes(split[0], wave.rows, wave.plan)
 
 
 def compute_advantages(trajectories: list[Trajectory], estimator: str) -> tuple[torch.Tensor, int]:
@@ -127,6 +201,7 @@ def token_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor | None = None,
+    prefixes: prefix.SharedPrefixes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` each: log p(token t | tokens < t) under ``model``, and the entropy of that
     next-token distribution; position 0 (no context) and padding are 0 in both.
@@ -135,6 +210,9 @@ def token_logprobs(
     Llama, Mistral or Qwen2/3 causal LM (also under a peft LoRA adapter) the LM head and the softmax
     run on those positions only; any other model gives its full logits, of which only those positions
     go through the softmax.
+
+    With ``prefixes`` (from :func:`forward_prefixes` over the same model and rows that include
+    these) each row reads the prefix it shares from them and the decoder runs on the rest only.
     """
     import torch
 
@@ -143,12 +221,17 @@ def token_logprobs(
     positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
     split = _decoder_and_head(model)
+    if prefixes is not None and (split is None or prefixes.decoder is not split[0]):
+        raise ValueError("prefixes were computed by another model's decoder")
     if split is None:
         logits = model(**inputs).logits[:, :-1][chosen]
     else:
         decoder, head = split
-        hidden = decoder(**inputs, use_cache=False).last_hidden_state
-        logits = head(hidden[:, :-1][chosen])
+        if prefixes is not None:
+            hidden = prefixes.hidden_states(input_ids, attention_mask, chosen)
+        else:
+            hidden = decoder(**inputs, use_cache=False).last_hidden_state[:, :-1][chosen]
+        logits = head(hidden)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     picked = logprobs.gather(-1, input_ids[:, 1:][chosen].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
@@ -235,9 +318,18 @@ class PolicyUpdater:
         )
         total_tokens = float(batch.loss_mask.sum())
         sums: dict[str, float] = {}
-        for part in micro_batches(batch, self.config.micro_batch_size):
-            for key, value in self._accumulate(part, advantages, tokens_per_rollout, total_tokens).items():
-                sums[key] = sums.get(key, 0.0) + value
+        share = shares_prefixes(self.model, batch)
+        for wave in waves(batch, self.config.micro_batch_size, share):
+            prefixes = forward_prefixes(self.model, wave)
+            reference = self._reference_prefixes(wave)
+            for part in wave.parts:
+                metrics = self._accumulate(
+                    part, advantages, tokens_per_rollout, total_tokens, prefixes, reference
+                )
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            if prefixes is not None:
+                prefixes.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {
@@ -248,17 +340,33 @@ class PolicyUpdater:
             "reward_mean": float(sum(t.reward for t in trajectories) / len(trajectories)),
         }
 
+    def _reference_prefixes(self, wave: Wave) -> prefix.SharedPrefixes | None:
+        """The reference model's forward over ``wave``'s shared prefixes, when the KL term needs it."""
+        import torch
+
+        if self.reference_model is None or self.config.kl_coef <= 0:
+            return None
+        with torch.no_grad():
+            return forward_prefixes(self.reference_model, wave)
+
     def _accumulate(
-        self, part: Batch, advantages: torch.Tensor, tokens_per_rollout: torch.Tensor, total_tokens: float
+        self,
+        part: Batch,
+        advantages: torch.Tensor,
+        tokens_per_rollout: torch.Tensor,
+        total_tokens: float,
+        prefixes: prefix.SharedPrefixes | None,
+        reference_prefixes: prefix.SharedPrefixes | None,
     ) -> dict[str, float]:
-        """Forward and backward one micro-batch; returns its share of each batch metric."""
+        """Forward and backward one micro-batch (reading the shared prefixes of its wave); returns its
+        share of each batch metric."""
         import torch
 
         from fulgor.algorithms.grpo.core import broadcast_to_tokens
 
         mask = part.loss_mask
         share = float(mask.sum()) / max(total_tokens, 1.0)  # this micro-batch's share of sampled tokens
-        logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask)
+        logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask, prefixes)
         output = policy_loss(
             logprobs,
             logprobs.detach(),  # one update per batch: the ratio is taken against this very policy
@@ -281,7 +389,9 @@ class PolicyUpdater:
         }
         if self.reference_model is not None and self.config.kl_coef > 0:
             with torch.no_grad():
-                reference, _ = token_logprobs(self.reference_model, part.input_ids, part.attention_mask, mask)
+                reference, _ = token_logprobs(
+                    self.reference_model, part.input_ids, part.attention_mask, mask, reference_prefixes
+                )
             kl = kl_penalty(logprobs, reference, mask)
             loss = loss + self.config.kl_coef * kl * share
             metrics["kl"] = float(kl) * share

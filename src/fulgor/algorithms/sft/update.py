@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
-from fulgor.algorithms.grpo.update import collate, micro_batches, token_logprobs
+from fulgor.algorithms.grpo.update import collate, forward_prefixes, shares_prefixes, token_logprobs, waves
 from fulgor.errors import ConfigError
 
 __all__ = ["SFTConfig", "SFTUpdater", "chat_row"]
@@ -119,11 +119,17 @@ class SFTUpdater:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        for part in micro_batches(batch, self.config.micro_batch_size):
-            logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention_mask, part.loss_mask)
-            loss = -(logprobs * part.loss_mask).sum() / total
-            loss.backward()  # type: ignore[no-untyped-call]
-            loss_sum += float(loss.detach())
+        for wave in waves(batch, self.config.micro_batch_size, shares_prefixes(self.model, batch)):
+            prefixes = forward_prefixes(self.model, wave)  # tokens rows share run once per wave
+            for part in wave.parts:
+                logprobs, _ = token_logprobs(
+                    self.model, part.input_ids, part.attention_mask, part.loss_mask, prefixes
+                )
+                loss = -(logprobs * part.loss_mask).sum() / total
+                loss.backward()  # type: ignore[no-untyped-call]
+                loss_sum += float(loss.detach())
+            if prefixes is not None:
+                prefixes.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {"loss": loss_sum, "grad_norm": float(grad_norm), "trained_tokens": float(total)}
