@@ -37,7 +37,7 @@ logger = logging.getLogger("examples.calc")
 MODEL_NAME = "calc-tiny"
 
 
-def demo_grpo(seed: int = 0, max_steps: int = 30) -> Any:
+def demo_grpo(seed: int = 0, max_steps: int = 40) -> Any:
     """The GRPO settings of the demo (a function, so that the benchmark uses the very same)."""
     from fulgor import GRPO
     from fulgor.algorithms.grpo import GRPOConfig
@@ -50,7 +50,7 @@ def demo_grpo(seed: int = 0, max_steps: int = 30) -> Any:
         temperature=1.0,
         max_tokens=40,
         seed=seed,
-        config=GRPOConfig(learning_rate=1e-4, micro_batch_size=64),
+        config=GRPOConfig(learning_rate=2e-4, micro_batch_size=64),
     )
 
 
@@ -74,7 +74,7 @@ def run_demo(
     run_dir: Path,
     *,
     seed: int = 0,
-    max_steps: int = 30,
+    max_steps: int = 40,
     warm: WarmStartConfig | None = None,
     test_before: bool = False,
     progress: bool = True,
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--run-dir", type=Path, help="default: runs/calc-<date>-<time>")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=40, help="GRPO steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")

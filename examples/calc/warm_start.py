@@ -41,8 +41,8 @@ class WarmStartConfig:
     """How long and how hard the warm start trains, and how often its solutions use the tool."""
 
     tool_fraction: float = 0.25
-    tool_steps: int = 400
-    steps: int = 550
+    tool_steps: int = 450
+    steps: int = 600
     batch_size: int = 16
     learning_rate: float = 2e-3
     seed: int = 0
@@ -100,11 +100,15 @@ def warm_start(
     rng = random.Random(config.seed)
     policy = load_policy(Path(base), "cpu")
     updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
-    # A short linear warm-up (a fresh model's first gradients are wild), then the full rate.
+    # A short linear warm-up (a fresh model's first gradients are wild), the full rate while every
+    # solution uses the tool, then a decay to a quarter: the second phase sets how often the model
+    # reaches for the tool without unlearning how.
     warmup = max(1, config.steps // 20)
 
     def scale(step: int) -> float:
-        return min(1.0, (step + 1) / warmup)
+        if step < config.tool_steps:
+            return min(1.0, (step + 1) / warmup)
+        return 1.0 - 0.75 * (step - config.tool_steps) / max(1, config.steps - config.tool_steps)
 
     schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
     started = time.perf_counter()

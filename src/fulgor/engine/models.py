@@ -246,10 +246,10 @@ def train_tokenizer(vocab_size: int, seed: int = 0, corpus: Iterable[str] = ()) 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    # Digits are single tokens (as in Llama and Qwen): a number reads the same wherever it stands, so
+    # A number stands apart from the space before it, so it gets the same ids wherever it stands:
     # copying it (from a question into a tool call, from a tool result into an answer) is copying ids.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [pre_tokenizers.Digits(individual_digits=False), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

@@ -27,22 +27,13 @@ def test_init_model_writes_a_hugging_face_directory(tiny_model_dir: Path) -> Non
     assert checkpoint_kind(tiny_model_dir) == "full"
 
 
-def test_numbers_are_read_digit_by_digit(tiny_model: Any) -> None:
+def test_a_number_gets_the_same_ids_wherever_it_stands(tiny_model: Any) -> None:
     tokenizer = tiny_model.tokenizer
-    digits = [tokenizer.convert_tokens_to_ids(d) for d in "1776"]
-    for text in ("1776", " 1776", '"1776"', "\n1776\n", "Answer: 1776"):
+    number = tokenizer.encode("1776", add_special_tokens=False)
+    for text in (" 1776", '"1776"', "\n1776\n", "Answer: 1776", "is 1776 or"):
         ids = tokenizer.encode(text, add_special_tokens=False)
-        assert any(ids[i : i + 4] == digits for i in range(len(ids))), text
+        assert any(ids[i : i + len(number)] == number for i in range(len(ids))), text
         assert tokenizer.decode(ids) == text
-
-
-def test_loaded_model_knows_its_limits(tiny_model: Any) -> None:
-    tokenizer = tiny_model.tokenizer
-    assert tiny_model.max_model_len == MODEL_SIZES["tiny"].max_position_embeddings
-    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in tiny_model.eos_token_ids
-    assert tiny_model.pad_token_id == tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    params = sum(p.numel() for p in tiny_model.model.parameters())
-    assert 500_000 < params < 2_000_000
 
 
 def test_same_seed_same_model(tmp_path: Path, tiny_model_dir: Path) -> None:
