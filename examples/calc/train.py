@@ -87,6 +87,7 @@ def run_demo(
     from fulgor import Trainer
     from fulgor.engine.local import EngineConfig
     from fulgor.engine.models import init_model
+    from fulgor.training.checkpoints import set_torch_threads
 
     result = DemoResult(run_dir)
     splits = make_splits(seed, sizes)
@@ -101,6 +102,7 @@ def run_demo(
     started = time.perf_counter()
     if not (warmed / "config.json").is_file():
         logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
+        set_torch_threads(1)  # small matrices: one thread is as fast, and spares a busy machine
         warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed))
     result.seconds["warm_start"] = time.perf_counter() - started
 
