@@ -102,7 +102,7 @@ def run_demo(
     started = time.perf_counter()
     if not (warmed / "config.json").is_file():
         logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
-        set_torch_threads(1)  # small matrices: one thread is as fast, and spares a busy machine
+        set_torch_threads(1)  # small matrices: on a busy machine two threads slow each other down
         warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed))
     result.seconds["warm_start"] = time.perf_counter() - started
 
