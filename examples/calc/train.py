@@ -37,7 +37,7 @@ logger = logging.getLogger("examples.calc")
 MODEL_NAME = "calc-tiny"
 
 
-def demo_grpo(seed: int = 0, max_steps: int = 40) -> Any:
+def demo_grpo(seed: int = 0, max_steps: int = 80) -> Any:
     """The GRPO settings of the demo (a function, so that the benchmark uses the very same)."""
     from fulgor import GRPO
     from fulgor.algorithms.grpo import GRPOConfig
@@ -46,7 +46,7 @@ def demo_grpo(seed: int = 0, max_steps: int = 40) -> Any:
         group_size=8,
         batch_tasks=8,
         max_steps=max_steps,
-        val_every=5,
+        val_every=10,
         temperature=1.0,
         max_tokens=40,
         seed=seed,
@@ -74,7 +74,7 @@ def run_demo(
     run_dir: Path,
     *,
     seed: int = 0,
-    max_steps: int = 40,
+    max_steps: int = 80,
     warm: WarmStartConfig | None = None,
     test_before: bool = False,
     progress: bool = True,
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--run-dir", type=Path, help="default: runs/calc-<date>-<time>")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=40, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=80, help="GRPO steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")
