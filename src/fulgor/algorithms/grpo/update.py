@@ -394,6 +394,6 @@ class PolicyUpdater:
                 )
             kl = kl_penalty(logprobs, reference, mask)
             loss = loss + self.config.kl_coef * kl * share
-            metrics["kl"] = float(kl) * share
+            metrics["kl"] = float(kl.detach()) * share
         loss.backward()  # type: ignore[no-untyped-call]
         return metrics
