@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=80, help="GRPO steps")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     result = run_demo(run_dir, seed=args.seed, max_steps=args.steps)
