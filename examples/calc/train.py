@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     first = next((m for m in result.history if m.get("step") == 0), {})
     report = write_run_report(
         grpo_dir,
-        title="calc: a tiny model learns to use a calculator",
+        title="calc: GRPO on a tiny model with a calculator tool",
         notes={
             "validation accuracy before GRPO": first.get("val_accuracy"),
             "held-out test accuracy after GRPO (greedy)": result.test_after.get("val_accuracy"),

@@ -122,7 +122,7 @@ def _plot(history: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
         axes.set_ylim(-0.03, 1.03)
         axes.set_title(title)
         axes.grid(alpha=0.3)
-        axes.legend(loc="lower right", fontsize=8)
+        axes.legend(loc="best", fontsize=8)
         figure.tight_layout()
         figure.savefig(path)
     finally:
