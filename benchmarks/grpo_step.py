@@ -3,6 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/grpo_step.py [--sizes tiny small] [--repeats 3] [--steps 3] [--threads 1]
+    .venv/bin/python benchmarks/grpo_step.py --parts reward [--budget-s 120] [--test-problems 128]
 
 Both sides train the same locally built Llama (``init_model``, saved in Hugging Face format, loaded
 by each side in float32 with SDPA attention) on the same batch: ``--groups`` prompts x
@@ -56,6 +57,23 @@ Target: fulgor >= 1.5x TRL's trained tokens/s (wall clock) for every size. TRL i
 use into its own virtual environment, torch first and pinned to ``torch==2.13.0`` (a CPU wheel where
 one is available) in every install call, with the ``transformers`` release of this environment so
 that both sides run the same model code.
+
+``--parts`` picks what runs: ``throughput`` (the default, above), ``reward``, or both. The reward part
+(``benchmarks/_grpo_reward.py``, with ``benchmarks/_trl_grpo_reward.py`` for TRL's side) measures the
+reward after equal wall time on the single-turn calc task: both sides start from the same
+warm-started tiny model and train with the calc demo's GRPO settings on the same prompts in the same
+order, fulgor through the whole system (``Trainer.fit``: store, gateway, engine, a runner process,
+the openai-SDK agent) and TRL with ``GRPOTrainer`` generating by ``model.generate``, one after the
+other with one torch thread each. Equal wall time: each side's clock starts just before the call
+that loads the model and trains, and is read after every optimiser step; the first step that ends
+past ``--budget-s`` stops the run, and each side is tested with the weights of its last step that
+ended within the budget. The starting model and both final ones are then tested the same way
+(greedy ``generate`` on ``--test-problems`` held-out problems, ``completion_reward``); its own table
+and its keys in the RESULT line::
+
+    RESULT ... reward_budget_s=<s> reward_before=<acc> reward_fulgor=<acc> reward_trl=<acc>
+        reward_fulgor_steps=<n> reward_trl_steps=<n> reward_fulgor_tokens_per_s=<x>
+        reward_trl_tokens_per_s=<x>
 """
 
 from __future__ import annotations
@@ -77,6 +95,7 @@ from typing import Any
 
 import torch
 
+import _grpo_reward
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
@@ -481,14 +500,25 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per repetition")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per repetition")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--parts", nargs="+", default=["throughput"], choices=["throughput", "reward"], help="what to run"
+    )
+    _grpo_reward.add_arguments(parser)
     args = parser.parse_args()
     spec = _spec(args)
     torch.set_num_threads(spec.threads)
     python = ensure_trl()
-    with tempfile.TemporaryDirectory(prefix="fulgor-bench-") as root:
-        outcomes = [measure(size, spec, python, args.repeats, Path(root)) for size in args.sizes]
-    print_table(spec, outcomes)
-    print(result_line(outcomes))
+    line = "RESULT"
+    if "throughput" in args.parts:
+        with tempfile.TemporaryDirectory(prefix="fulgor-bench-") as root:
+            outcomes = [measure(size, spec, python, args.repeats, Path(root)) for size in args.sizes]
+        print_table(spec, outcomes)
+        line = result_line(outcomes)
+    if "reward" in args.parts:
+        reward = _grpo_reward.run_reward(python, _trl_env(spec.threads), _grpo_reward.reward_spec(args))
+        _grpo_reward.print_reward_table(reward, TRL_VERSION)
+        line = " ".join([line, *_grpo_reward.reward_result_fields(reward)])
+    print(line)
 
 
 if __name__ == "__main__":
