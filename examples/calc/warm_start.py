@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,8 +125,12 @@ def warm_start(
         if step % 25 == 0 or step == config.steps:
             logger.info("warm start step %d/%d: loss %.4f", step, config.steps, metrics["loss"])
     out = Path(out)
-    policy.model.save_pretrained(out)
-    policy.tokenizer.save_pretrained(out)
+    partial = out.with_name(f".{out.name}.partial")  # complete or absent: a rerun never finds half a model
+    shutil.rmtree(partial, ignore_errors=True)
+    policy.model.save_pretrained(partial)
+    policy.tokenizer.save_pretrained(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
     seconds = time.perf_counter() - started
     logger.info("warm start: %d steps in %.0fs, saved to %s", config.steps, seconds, out)
     return out
