@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from examples.calc.reward import reward
 from fulgor import LLM, rollout
 
-__all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate", "http_client"]
+__all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate", "http_client", "run_tool"]
 
 SYSTEM_PROMPT = "Use the calculator, then reply with Answer: and the number."
 CALCULATOR_TOOL: dict[str, Any] = {
@@ -108,15 +108,21 @@ async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
             break
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": _run_tool(call)})
+            result = run_tool(call.function.name, call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return reward(final, task["answer"])
 
 
-def _run_tool(call: Any) -> str:
-    if call.function.name != "calculator":
-        return f"error: unknown tool {call.function.name!r}"
+def run_tool(name: str | None, arguments: str | None) -> str:
+    """What a tool call of the model gets back: the calculator's result, or an error as text.
+
+    >>> run_tool("calculator", '{"expression": "12*7"}'), run_tool("search", "{}")
+    ('84', "error: unknown tool 'search'")
+    """
+    if name != "calculator":
+        return f"error: unknown tool {name!r}"
     try:
-        expression = json.loads(call.function.arguments or "{}")["expression"]
+        expression = json.loads(arguments or "{}")["expression"]
     except (json.JSONDecodeError, KeyError, TypeError):
         return 'error: call calculator with {"expression": "..."}'
     return calculate(str(expression))

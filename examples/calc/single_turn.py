@@ -9,12 +9,11 @@ and fulgor runs :func:`single_turn_agent`, so both learn the same thing from the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from openai import AsyncOpenAI
 
-from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate, http_client
+from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, http_client, run_tool
 from fulgor import LLM, rollout
 
 __all__ = ["call_reward", "completion_reward", "prompt_messages", "single_turn_agent"]
@@ -31,13 +30,7 @@ def call_reward(name: str | None, arguments: str | None, answer: int) -> float:
     >>> call_reward("calculator", '{"expression": "12*7"}', 84), call_reward("calculator", "{}", 84)
     (1.0, 0.0)
     """
-    if name != "calculator" or arguments is None:
-        return 0.0
-    try:
-        expression = json.loads(arguments)["expression"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return 0.0
-    return 1.0 if calculate(str(expression)) == str(answer) else 0.0
+    return 1.0 if name == "calculator" and run_tool(name, arguments) == str(answer) else 0.0
 
 
 def completion_reward(text: str, answer: int) -> float:
