@@ -177,7 +177,11 @@ def _summary(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         summary["validation accuracy, best"] = max(m["val_accuracy"] for m in validated)
     if trained and "elapsed_seconds" in trained[-1]:
         summary["training wall time (s)"] = trained[-1]["elapsed_seconds"]
-    drift = {k: sum(m.get(k, 0) for m in history) for m in history for k in m if k.startswith("drift/")}
+    drift: dict[str, int] = {}
+    for metrics in history:
+        for key, value in metrics.items():
+            if key.startswith("drift/"):
+                drift[key] = drift.get(key, 0) + value
     if drift:
         summary["drift totals"] = ", ".join(f"{k[6:]}={v}" for k, v in sorted(drift.items()))
     return summary
