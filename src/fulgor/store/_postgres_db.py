@@ -90,6 +90,9 @@ CREATE TABLE IF NOT EXISTS workers (
 )
 """
 
+# Every object SCHEMA_DDL creates: when all exist, opening skips the DDL, whose CREATE INDEX takes a
+# SHARE lock on its table even when the index exists (and so could deadlock with running writers).
+_SCHEMA_OBJECTS = tuple(re.findall(r"IF NOT EXISTS (\w+)", SCHEMA_DDL))
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,49}")
 # Any constant works: it only has to be the same in every process creating a schema.
 _SCHEMA_LOCK_KEY = 0x66756C676F72
@@ -240,13 +243,23 @@ class Database:
             if self._create:
                 await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
             await conn.execute(sql.SQL("SET search_path TO {}").format(schema))
-            if self._create:
+            missing = await self._missing_objects(conn)
+            if self._create and missing:
                 await conn.execute(SCHEMA_DDL)
-            elif not (await fetch(conn, "SELECT to_regclass('rollouts')"))[0][0]:
+            elif "rollouts" in missing:
                 raise ConfigError(
                     f"no fulgor store in schema {self.schema!r} at {self.where()}; "
                     "check the store URL and its ?schema= parameter"
                 )
+
+    async def _missing_objects(self, conn: Connection) -> list[str]:
+        """The schema's objects (in SCHEMA_DDL's order) that do not exist yet."""
+        rows = await fetch(
+            conn,
+            "SELECT name FROM unnest(%s::text[]) AS o(name) WHERE to_regclass(name) IS NULL",
+            (list(_SCHEMA_OBJECTS),),
+        )
+        return [row[0] for row in rows]
 
     async def _configure(self, conn: Connection) -> None:
         from psycopg import sql

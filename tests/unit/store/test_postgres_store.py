@@ -100,6 +100,30 @@ async def test_opening_twice_and_reopening_keep_the_data(store: PostgresStore, u
 
 
 @pytest.mark.postgres
+async def test_opening_an_existing_store_does_not_wait_for_its_writers(
+    store: PostgresStore, url: str
+) -> None:
+    """A store opening beside a transaction that writes rollouts takes no table lock to wait on."""
+    import psycopg
+    from psycopg import sql
+
+    (rollout,) = await store.enqueue([RolloutRequest(input=1)])
+    writer = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    other = PostgresStore(url, schema=store.schema)
+    try:
+        await writer.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+        async with writer.transaction():
+            await writer.execute(
+                "UPDATE rollouts SET metadata = metadata WHERE rollout_id = %s", (rollout.rollout_id,)
+            )
+            await asyncio.wait_for(other.open(), timeout=10)
+        assert (await other.get_rollout(rollout.rollout_id)).input == 1
+    finally:
+        await other.close()
+        await writer.close()
+
+
+@pytest.mark.postgres
 async def test_schemas_are_separate_stores(store: PostgresStore, url: str, tmp_path: Path) -> None:
     other_dir = tmp_path / "other"
     other_dir.mkdir()
