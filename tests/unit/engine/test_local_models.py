@@ -36,6 +36,17 @@ def test_a_number_gets_the_same_ids_wherever_it_stands(tiny_model: Any) -> None:
         assert tokenizer.decode(ids) == text
 
 
+def test_numbers_are_cut_into_chunks_of_at_most_two_digits(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    for text, chunks in (
+        ("4536", ["45", "36"]),
+        ("493", ["49", "3"]),
+        ("x1234567", ["x", "12", "34", "56", "7"]),
+    ):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert [tokenizer.decode([i]) for i in ids] == chunks
+
+
 def test_same_seed_same_model(tmp_path: Path, tiny_model_dir: Path) -> None:
     again = init_model(tmp_path / "again", "tiny", seed=0)
     assert (again / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
