@@ -322,6 +322,24 @@ def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(tmp_path: Pat
     assert leftover_processes() == set()
 
 
+def test_max_seconds_stops_after_the_step_that_used_them_up_and_validates_it(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    history = make_trainer(run_dir, model_dir, 50, max_seconds=1e-3, val_before_training=False).fit(
+        graded_call, TASKS, TASKS[:1]
+    )
+
+    assert [line["step"] for line in history] == [1]
+    assert "val_accuracy" in history[0]  # not a validation step by val_every, but the last one
+    assert history[0]["elapsed_seconds"] >= 1e-3
+    # Resumed, the run's time is still used up: nothing more trains.
+    again = make_trainer(run_dir, model_dir, 50, max_seconds=1e-3, val_before_training=False)
+    assert again.fit(graded_call, TASKS, TASKS[:1]) == []
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert leftover_processes() == set()
+
+
 def test_dev_shows_why_rollouts_failed(tmp_path: Path, model_dir: Path) -> None:
     @rollout
     async def broken_agent(task: dict[str, Any], llm: LLM) -> float:

@@ -144,7 +144,8 @@ class Trainer:
     def fit(
         self, agent: Runnable, train_dataset: Sequence[Any], val_dataset: Sequence[Any] = ()
     ) -> list[dict[str, Any]]:
-        """Train for ``algorithm.max_steps`` steps; returns the metrics of each step run."""
+        """Train for ``algorithm.max_steps`` steps (fewer when ``algorithm.max_seconds`` runs out);
+        returns the metrics of each step run."""
         if not train_dataset:
             raise ConfigError("the training dataset is empty; pass at least one task")
         return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
@@ -177,6 +178,9 @@ class Trainer:
         if start_step >= self.algorithm.max_steps:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
+        if self.algorithm.out_of_time(log.elapsed_seconds()):
+            logger.info("%s already used its %ss; nothing to train", self.run_dir, self.algorithm.max_seconds)
+            return log.history
         with (
             start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track,
             ProgressBar(start_step, self.algorithm.max_steps, enabled=self.progress) as progress,
@@ -202,13 +206,19 @@ class Trainer:
                         update = await self.update_policy(updater, outcomes, services.engine.model_version)
                     with timer("publish_weights"):
                         resources = await self.publish_weights(services, policy, updater, step)
+                    out_of_time = self.algorithm.out_of_time(log.elapsed_seconds())
                     validation: dict[str, float] = {}
-                    if val and self.algorithm.validates_at(step):
+                    if val and (self.algorithm.validates_at(step) or out_of_time):
                         with timer("validate"):
                             validation = await self.validate(services, val, resources)
                     self.log_metrics(log, step, services, outcomes, update, validation, timer)
                     track(log.history[-1])
                     progress.update(log.history[-1])
+                    if out_of_time:
+                        logger.info(
+                            "step %d: the run's %ss are used up; stopping", step, self.algorithm.max_seconds
+                        )
+                        break
         return log.history
 
     async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:

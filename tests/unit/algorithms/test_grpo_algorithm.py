@@ -27,11 +27,18 @@ def test_its_documented_example_runs() -> None:
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"max_trajectory_tokens": 1}, "max_trajectory_tokens"),
+        ({"max_seconds": 0.0}, "max_seconds"),
     ],
 )
 def test_bad_hyperparameters_fail_early_naming_the_field(options: dict[str, float], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         GRPO(**options)  # type: ignore[arg-type]
+
+
+def test_out_of_time_only_with_a_limit_and_once_it_is_reached() -> None:
+    assert not GRPO().out_of_time(1e9)
+    assert not GRPO(max_seconds=300).out_of_time(299.9)
+    assert GRPO(max_seconds=300).out_of_time(300.0)
 
 
 def test_each_pass_over_the_training_set_sees_every_task_once_in_a_seeded_order() -> None:

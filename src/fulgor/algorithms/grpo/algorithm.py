@@ -35,7 +35,10 @@ class GRPO:
     ``config`` (learning rate, advantage estimator, clipping, KL; see :class:`GRPOConfig`). Every
     ``val_every`` steps each validation task runs once with greedy sampling (temperature 0), and
     once before the first step with ``val_before_training`` (the curve's starting point).
-    Tasks are drawn from a shuffled pass over the training set (reshuffled each pass, by ``seed``).
+    ``max_seconds`` bounds the run's wall time as well: training stops after the step that ends
+    past it (the run's ``elapsed_seconds``, earlier sessions of a resumed run included), and that
+    step validates. Tasks are drawn from a shuffled pass over the training set (reshuffled each
+    pass, by ``seed``).
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
     (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
     and each step publishes just the adapter. With ``async_rollouts`` step N+1's rollouts run while
@@ -49,6 +52,7 @@ class GRPO:
         group_size: int = 8,
         batch_tasks: int = 8,
         max_steps: int = 100,
+        max_seconds: float | None = None,
         val_every: int = 10,
         val_before_training: bool = True,
         temperature: float = 1.0,
@@ -65,6 +69,7 @@ class GRPO:
         self.group_size = group_size
         self.batch_tasks = batch_tasks
         self.max_steps = max_steps
+        self.max_seconds = max_seconds
         self.val_every = val_every
         self.val_before_training = val_before_training
         self.temperature = temperature
@@ -88,6 +93,8 @@ class GRPO:
                 "GRPO group_size must be >= 2 (advantages compare the rollouts of one task), "
                 f"got {self.group_size}"
             )
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ConfigError(f"GRPO max_seconds must be > 0 (or None for no limit), got {self.max_seconds}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError(
                 f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
@@ -111,6 +118,7 @@ class GRPO:
         """The run's settings as plain values (what a metrics tracker records with the run)."""
         names = ("group_size", "batch_tasks", "max_steps", "val_every", "temperature", "top_p", "max_tokens")
         settings: JsonDict = {"algorithm": "grpo", **{name: getattr(self, name) for name in names}}
+        settings["max_seconds"] = self.max_seconds
         settings["max_trajectory_tokens"] = self.max_trajectory_tokens
         settings["seed"] = self.seed
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
@@ -173,6 +181,10 @@ class GRPO:
             else:
                 stale.append(trajectory)
         return fresh, stale
+
+    def out_of_time(self, elapsed_seconds: float) -> bool:
+        """Whether the run has used up ``max_seconds`` of wall time (never without a limit)."""
+        return self.max_seconds is not None and elapsed_seconds >= self.max_seconds
 
     def validates_at(self, step: int) -> bool:
         """Whether validation runs after ``step``: every ``val_every`` steps and after the last one."""
