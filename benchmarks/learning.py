@@ -39,7 +39,7 @@ PROBLEMS = ("calls_missing_ids", "truncated_rows", "dropped_rows", "id_mismatche
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=80, help="GRPO steps per seed")
+    parser.add_argument("--steps", type=int, default=150, help="GRPO steps per seed (at most; 5 minutes)")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "learning")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

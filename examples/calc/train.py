@@ -37,8 +37,13 @@ logger = logging.getLogger("examples.calc")
 MODEL_NAME = "calc-tiny"
 
 
-def demo_grpo(seed: int = 0, max_steps: int = 80) -> Any:
-    """The GRPO settings of the demo (a function, so that the benchmark uses the very same)."""
+def demo_grpo(seed: int = 0, max_steps: int = 150, max_seconds: float | None = 285.0) -> Any:
+    """The GRPO settings of the demo (a function, so that the benchmark uses the very same).
+
+    Training stops after ``max_steps`` steps or once ``max_seconds`` of wall time are used up,
+    whichever comes first; the default leaves room for the last step and its validation within
+    five minutes.
+    """
     from fulgor import GRPO
     from fulgor.algorithms.grpo import GRPOConfig
 
@@ -46,6 +51,7 @@ def demo_grpo(seed: int = 0, max_steps: int = 80) -> Any:
         group_size=8,
         batch_tasks=8,
         max_steps=max_steps,
+        max_seconds=max_seconds,
         val_every=10,
         temperature=1.0,
         max_tokens=40,
@@ -74,7 +80,7 @@ def run_demo(
     run_dir: Path,
     *,
     seed: int = 0,
-    max_steps: int = 80,
+    max_steps: int = 150,
     warm: WarmStartConfig | None = None,
     test_before: bool = False,
     progress: bool = True,
@@ -141,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--run-dir", type=Path, help="default: runs/calc-<date>-<time>")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=80, help="GRPO steps")
+    parser.add_argument(
+        "--steps", type=int, default=150, help="GRPO steps (at most; GRPO stops after 5 minutes)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store"):

@@ -42,8 +42,8 @@ class WarmStartConfig:
     """How long and how hard the warm start trains, and how often its solutions use the tool."""
 
     tool_fraction: float = 0.25
-    tool_steps: int = 650
-    steps: int = 800
+    tool_steps: int = 1000
+    steps: int = 1150
     batch_size: int = 16
     learning_rate: float = 2e-3
     seed: int = 0
