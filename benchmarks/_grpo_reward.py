@@ -538,6 +538,6 @@ def reward_spec(args: argparse.Namespace) -> RewardSpec:
         args.threads,
         args.reward_seed,
         warm_steps,
-        args.start_model,
+        args.start_model.resolve() if args.start_model else None,  # the TRL side runs elsewhere
         args.reward_out,
     )
