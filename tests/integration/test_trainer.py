@@ -322,19 +322,22 @@ def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(tmp_path: Pat
     assert leftover_processes() == set()
 
 
+@pytest.mark.parametrize("async_rollouts", [False, True])
 def test_max_seconds_stops_after_the_step_that_used_them_up_and_validates_it(
-    tmp_path: Path, model_dir: Path
+    tmp_path: Path, model_dir: Path, async_rollouts: bool
 ) -> None:
     run_dir = tmp_path / "run"
-    history = make_trainer(run_dir, model_dir, 50, max_seconds=1e-3, val_before_training=False).fit(
-        graded_call, TASKS, TASKS[:1]
-    )
+    options = {"max_seconds": 1e-3, "val_before_training": False, "async_rollouts": async_rollouts}
+    history = make_trainer(run_dir, model_dir, 50, **options).fit(graded_call, TASKS, TASKS[:1])
 
     assert [line["step"] for line in history] == [1]
     assert "val_accuracy" in history[0]  # not a validation step by val_every, but the last one
     assert history[0]["elapsed_seconds"] >= 1e-3
+    # No training rollouts were started for a step that will not run (async mode included).
+    rollouts, _, _ = read_store(run_dir / "store.sqlite")
+    assert {r.metadata["step"] for r in rollouts if r.mode == "train"} == {1}
     # Resumed, the run's time is still used up: nothing more trains.
-    again = make_trainer(run_dir, model_dir, 50, max_seconds=1e-3, val_before_training=False)
+    again = make_trainer(run_dir, model_dir, 50, **options)
     assert again.fit(graded_call, TASKS, TASKS[:1]) == []
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
     assert leftover_processes() == set()

@@ -200,7 +200,10 @@ class Trainer:
                     rollouts, timer = await collector.take(step, resources)  # collected ahead, or now
                     with timer("build_trajectories"):
                         outcomes = await self.build_trajectories(services, rollouts)
-                    if self.algorithm.async_rollouts and step < self.algorithm.max_steps:
+                    last = step == self.algorithm.max_steps or self.algorithm.out_of_time(
+                        log.elapsed_seconds()
+                    )
+                    if self.algorithm.async_rollouts and not last:
                         collector.start(step + 1, resources)  # runs while this step trains
                     with timer("update_policy"):
                         update = await self.update_policy(updater, outcomes, services.engine.model_version)
