@@ -8,8 +8,8 @@ replies with the right number at once. A model this small cannot multiply two-di
 head, so on new problems that second habit is a guess.
 
 It runs in two phases. For the first ``tool_steps`` steps every solution uses the calculator: a
-model of a million parameters needs a few hundred steps of them to learn to copy the operands into
-the call and the result into the answer. For the rest, a solution uses it with probability
+model this small (under a million parameters) needs several hundred steps of them to learn to copy
+the operands into the call and the result into the answer. For the rest, a solution uses it with probability
 ``tool_fraction`` only: the model ends up knowing the tool format, but mostly answering without
 it, and mostly wrong. GRPO then finds out from the rewards that calling the tool pays.
 
