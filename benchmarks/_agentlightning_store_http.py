@@ -19,6 +19,11 @@ The workload and its mapping onto Agent Lightning's API are those of
   every rollout has finished (one call here, since all attempts already succeeded).
 
 ``span_add_ms`` are single ``add_span`` calls timed one by one on one attempt of a fresh store.
+
+With ``--store-sequence-ids`` the store allocates each span's sequence id, as Agent Lightning's own
+tracers have it do (``add_otel_span`` without a sequence id): over HTTP that is a
+``get_next_span_sequence_id`` request before each ``add_span`` (and before each span of a batch),
+and the timed single add is that pair.
 """
 
 from __future__ import annotations
@@ -108,18 +113,20 @@ class ServerProcess:
 # -- client side ----------------------------------------------------------------------------------
 
 
-async def _run_pass(url: str, rollouts: int, spans_per_rollout: int, batched: bool) -> tuple[float, float]:
+async def _run_pass(
+    url: str, rollouts: int, spans_per_rollout: int, batched: bool, store_ids: bool
+) -> tuple[float, float]:
     from agentlightning.store.client_server import LightningStoreClient
 
     store = LightningStoreClient(url)
     try:
-        return await run_agl_workload(store, rollouts, spans_per_rollout, batched)
+        return await run_agl_workload(store, rollouts, spans_per_rollout, batched, store_ids)
     finally:
         await store.close()
 
 
-async def _span_add_latency(url: str, samples: int) -> list[float]:
-    """Milliseconds of ``samples`` single ``add_span`` calls, after a few untimed ones."""
+async def _span_add_latency(url: str, samples: int, store_ids: bool) -> list[float]:
+    """Milliseconds of ``samples`` single span adds, after a few untimed ones."""
     from agentlightning.store.client_server import LightningStoreClient
     from agentlightning.types import EnqueueRolloutRequest
 
@@ -135,11 +142,18 @@ async def _span_add_latency(url: str, samples: int) -> list[float]:
         timings: list[float] = []
         gc.collect()
         for j in range(LATENCY_WARMUP + samples):
-            span = make_span(rollout_id, attempt_id, 0, j, now, j + 1)
+            elapsed = 0.0
+            sequence_id = j + 1
+            if store_ids:
+                began = time.perf_counter()
+                sequence_id = await store.get_next_span_sequence_id(rollout_id, attempt_id)
+                elapsed = time.perf_counter() - began
+            span = make_span(rollout_id, attempt_id, 0, j, now, sequence_id)
             began = time.perf_counter()
             await store.add_span(span)
+            elapsed += time.perf_counter() - began
             if j >= LATENCY_WARMUP:
-                timings.append((time.perf_counter() - began) * 1000)
+                timings.append(elapsed * 1000)
         return timings
     finally:
         await store.close()
@@ -151,6 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spans-per-rollout", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--latency-samples", type=int, default=1000, help="0 skips the latency run")
+    parser.add_argument(
+        "--store-sequence-ids",
+        action="store_true",
+        help="have the store allocate span sequence ids, as Agent Lightning's tracers do",
+    )
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -168,12 +187,16 @@ def main(argv: list[str] | None = None) -> None:
             urls = server.urls()
             for url, name in zip(urls[: len(PASSES)], PASSES, strict=True):
                 wall, cpu = asyncio.run(
-                    _run_pass(url, args.rollouts, args.spans_per_rollout, name == "batched")
+                    _run_pass(
+                        url, args.rollouts, args.spans_per_rollout, name == "batched", args.store_sequence_ids
+                    )
                 )
                 seconds[name].append(wall)
                 cpu_seconds[name].append(cpu)
             if args.latency_samples > 0:
-                span_add_ms.extend(asyncio.run(_span_add_latency(urls[-1], args.latency_samples)))
+                span_add_ms.extend(
+                    asyncio.run(_span_add_latency(urls[-1], args.latency_samples, args.store_sequence_ids))
+                )
         finally:
             server.stop()
     result: dict[str, Any] = {
@@ -191,7 +214,12 @@ def main(argv: list[str] | None = None) -> None:
             "add_many_spans over HTTP is one POST /spans per span (no batch route): pass B makes as many "
             "span requests as pass A",
             "wait_for_rollouts over HTTP refuses timeouts above 0.1 s: waiting is a loop of 0.1 s waits",
-            "span sequence ids assigned by the worker (1..N), not allocated by the store",
+            (
+                "span sequence ids allocated by the store: get_next_span_sequence_id before each add_span, "
+                "as its tracers' add_otel_span does over HTTP"
+                if args.store_sequence_ids
+                else "span sequence ids assigned by the worker (1..N), not allocated by the store"
+            ),
         ],
     }
     print(json.dumps(result))

@@ -13,15 +13,20 @@ all 10 spans of a rollout in one call. Every pass runs against a fresh server pr
   with ``fulgor.store.client.StoreClient``; the server is stopped with SIGINT afterwards.
 * Agent Lightning: ``LightningStoreServer`` over a fresh ``InMemoryLightningStore`` in its own
   process, driven with ``LightningStoreClient`` (``benchmarks/_agentlightning_store_http.py``, run
-  with the python of ``.bench/agentlightning-0.3.0``, created when missing).
+  with the python of ``.bench/agentlightning-0.3.0``, created when missing), twice: with span
+  sequence ids numbered by the worker (one request per span, the fastest it can go), and with the
+  store allocating them as fulgor's store does and as Agent Lightning's own tracers have it do
+  (``add_otel_span``: a ``get_next_span_sequence_id`` request, then ``add_span``).
 
 Besides the passes, each repetition times ``--latency-samples`` single-span adds one by one on one
 attempt of a fresh server (after 20 untimed ones); p50 and p99 are over all repetitions.
 
 Target: fulgor >= 10x Agent Lightning's rollouts/s and spans/s in pass A (medians of
-``--repeats``). The last line of output is machine-readable::
+``--repeats``), against its faster, worker-numbered variant. The last line of output is
+machine-readable::
 
-    RESULT fulgor_sqlite_vs_agl=<x> fulgor_memory_vs_agl=<x> span_add_p50_ms=<x> ... target_met=true|false
+    RESULT fulgor_sqlite_vs_agl=<x> fulgor_memory_vs_agl=<x> fulgor_sqlite_vs_agl_store_ids=<x> ...
+    span_add_p50_ms=<x> ... target_met=true|false
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from store import (
 
 AGL_HTTP_SCRIPT = Path(__file__).resolve().parent / "_agentlightning_store_http.py"
 TARGET = 10.0
+AGL_STORE_IDS = "agl_store_ids"
 LATENCY_WARMUP = 20
 SERVER_START_SECONDS = 60.0
 
@@ -186,6 +192,7 @@ def _run_agl_repeat(
         f"--spans-per-rollout={spans_per_rollout}",
         f"--latency-samples={latency_samples}",
         "--repeats=1",
+        *(["--store-sequence-ids"] if backend.key == AGL_STORE_IDS else []),
     )
     for name in PASSES:
         backend.seconds[name].extend(info["seconds"][name])
@@ -210,24 +217,27 @@ def _ratio(agl: Backend, backend: Backend, name: str) -> float:
     return _median(agl.seconds[name]) / _median(backend.seconds[name])
 
 
-def _format_tables(backends: list[Backend], agl: Backend, rollouts: int, spans_per_rollout: int) -> str:
+def _format_tables(
+    backends: list[Backend], agl: Backend, agl_ids: Backend, rollouts: int, spans_per_rollout: int
+) -> str:
     header = (
-        f"{'backend':<50} {'pass':<24} {'rollouts/s':>11} {'spans/s':>10} {'median s':>9} {'vs AGL':>8} "
-        f"{'client cpu s':>12}  runs (s)"
+        f"{'backend':<58} {'pass':<24} {'rollouts/s':>11} {'spans/s':>10} {'median s':>9} {'vs AGL':>8} "
+        f"{'vs AGL ids':>10} {'client cpu s':>12}  runs (s)"
     )
     lines = [header, "-" * len(header)]
     for name, pass_label in PASSES.items():
         for backend in backends:
             median = _median(backend.seconds[name])
             lines.append(
-                f"{backend.label:<50} {pass_label:<24} {rollouts / median:>11.1f} "
+                f"{backend.label:<58} {pass_label:<24} {rollouts / median:>11.1f} "
                 f"{rollouts * spans_per_rollout / median:>10.1f} {median:>9.3f} "
-                f"{_ratio(agl, backend, name):>7.2f}x {_median(backend.cpu_seconds[name]):>12.3f}  "
+                f"{_ratio(agl, backend, name):>7.2f}x {_ratio(agl_ids, backend, name):>9.2f}x "
+                f"{_median(backend.cpu_seconds[name]):>12.3f}  "
                 + " ".join(f"{value:.3f}" for value in backend.seconds[name])
             )
     lines.append("")
     header = (
-        f"{'single span add (one span, one call)':<50} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
+        f"{'single span add (one span, one call)':<58} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
         f"{'samples':>8}"
     )
     lines.extend([header, "-" * len(header)])
@@ -235,21 +245,24 @@ def _format_tables(backends: list[Backend], agl: Backend, rollouts: int, spans_p
         samples = backend.span_add_ms
         mean = statistics.fmean(samples) if samples else float("nan")
         lines.append(
-            f"{backend.label:<50} {_percentile(samples, 50):>8.3f} {_percentile(samples, 99):>8.3f} "
+            f"{backend.label:<58} {_percentile(samples, 50):>8.3f} {_percentile(samples, 99):>8.3f} "
             f"{mean:>8.3f} {len(samples):>8}"
         )
     return "\n".join(lines)
 
 
-def _result_line(fulgor: list[Backend], agl: Backend, rollouts: int) -> str:
+def _result_line(fulgor: list[Backend], agl: Backend, agl_ids: Backend, rollouts: int) -> str:
     fields = [f"{backend.key}_vs_agl={_ratio(agl, backend, 'per_span'):.2f}" for backend in fulgor]
     fields += [f"{backend.key}_vs_agl_batched={_ratio(agl, backend, 'batched'):.2f}" for backend in fulgor]
+    fields += [
+        f"{backend.key}_vs_agl_store_ids={_ratio(agl_ids, backend, 'per_span'):.2f}" for backend in fulgor
+    ]
     sqlite = next(backend for backend in fulgor if backend.key == "fulgor_sqlite")
     memory = next(backend for backend in fulgor if backend.key == "fulgor_memory")
-    for prefix, backend in (("", sqlite), ("memory_", memory), ("agl_", agl)):
+    for prefix, backend in (("", sqlite), ("memory_", memory), ("agl_", agl), ("agl_store_ids_", agl_ids)):
         fields.append(f"{prefix}span_add_p50_ms={_percentile(backend.span_add_ms, 50):.3f}")
         fields.append(f"{prefix}span_add_p99_ms={_percentile(backend.span_add_ms, 99):.3f}")
-    for backend in (*fulgor, agl):
+    for backend in (*fulgor, agl, agl_ids):
         fields.append(f"{backend.key}_rollouts_per_s={rollouts / _median(backend.seconds['per_span']):.1f}")
     met = all(_ratio(agl, backend, "per_span") >= TARGET for backend in fulgor)
     fields.append(f"target_met={'true' if met else 'false'}")
@@ -274,8 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     fulgor = _fulgor_backends()
     agl_python = ensure_agentlightning()
     agl = Backend("agl", f"Agent Lightning {AGL_VERSION} LightningStoreServer+Client", None)
-    backends = [*fulgor, agl]
-    agl_info: dict[str, Any] = {}
+    agl_ids = Backend(AGL_STORE_IDS, f"Agent Lightning {AGL_VERSION} server+client, store seq ids", None)
+    backends = [*fulgor, agl, agl_ids]
+    agl_info: dict[str, dict[str, Any]] = {}
 
     print(
         f"workload over HTTP: {args.rollouts} rollouts enqueued in one call, claimed one at a time by one "
@@ -286,9 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     for repeat in range(1, args.repeats + 1):
         for backend in backends:
             began = time.perf_counter()
-            if backend is agl:
-                agl_info = _run_agl_repeat(
-                    agl_python, agl, args.rollouts, args.spans_per_rollout, args.latency_samples
+            if backend.store_url is None:
+                agl_info[backend.key] = _run_agl_repeat(
+                    agl_python, backend, args.rollouts, args.spans_per_rollout, args.latency_samples
                 )
             else:
                 _run_fulgor_repeat(backend, args.rollouts, args.spans_per_rollout, args.latency_samples)
@@ -300,17 +314,18 @@ def main(argv: list[str] | None = None) -> None:
             )
 
     print()
-    print(_format_tables(backends, agl, args.rollouts, args.spans_per_rollout))
+    print(_format_tables(backends, agl, agl_ids, args.rollouts, args.spans_per_rollout))
     print()
     print(
         f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
         "times cover the whole pass (client side, server in its own process); rollouts/s, spans/s and "
         "'vs AGL' use the median wall-clock time; 'client cpu s' is the benchmarking process only"
     )
-    print(f"Agent Lightning {agl_info.get('agentlightning')} on python {agl_info.get('python')}:")
-    for note in agl_info.get("notes", []):
-        print(f"  {note}")
-    print(_result_line(fulgor, agl, args.rollouts))
+    for key, info in agl_info.items():
+        print(f"{key}: Agent Lightning {info.get('agentlightning')} on python {info.get('python')}:")
+        for note in info.get("notes", []):
+            print(f"  {note}")
+    print(_result_line(fulgor, agl, agl_ids, args.rollouts))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from fulgor.types import (
     LLM,
     ROLLOUT_TERMINAL_STATUSES,
     Attempt,
+    AttemptedRollout,
     AttemptStatus,
     JsonDict,
     PromptTemplate,
@@ -160,6 +161,11 @@ def begin_attempt(
         }
     )
     return updated, attempt
+
+
+def attempted(rollout: Rollout, attempt: Attempt) -> AttemptedRollout:
+    """``rollout`` with its ``attempt``, without validating either again."""
+    return AttemptedRollout.model_construct(**rollout.__dict__, attempt=attempt)
 
 
 def check_attempt_transition(attempt: Attempt, status: AttemptStatus) -> None:

@@ -15,9 +15,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import parse_qsl
 
 import pydantic
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -67,6 +67,44 @@ def status_for(error: FulgorError) -> int:
     return 400
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole HTTP answer (status, body, extra headers), sent as two ASGI messages.
+
+    The store routes and the server's middleware answer with these directly, without a web
+    framework's request and response objects; :meth:`response` turns one into a framework response.
+    """
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    media_type: bytes = b"application/json"
+
+    async def send(self, send: Send) -> None:
+        headers = [(b"content-type", self.media_type), (b"content-length", b"%d" % len(self.body))]
+        headers += self.headers
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+    def response(self) -> Response:
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in self.headers}
+        return Response(self.body, self.status, headers, self.media_type.decode("latin-1"))
+
+
+def error_answer(
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    body = api.ErrorBody(error=api.ErrorDetail(code=code, message=message, details=details))
+    extra = tuple(
+        (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()
+    )
+    return Answer(status, body.model_dump_json(exclude_none=True).encode(), extra)
+
+
 def error_response(
     status: int,
     code: str,
@@ -74,11 +112,10 @@ def error_response(
     details: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    body = api.ErrorBody(error=api.ErrorDetail(code=code, message=message, details=details))
-    return Response(body.model_dump_json(exclude_none=True), status, headers, JSON)
+    return error_answer(status, code, message, details, headers).response()
 
 
-def fulgor_error_response(error: FulgorError) -> Response:
+def fulgor_error_answer(error: FulgorError) -> Answer:
     details = None
     if isinstance(error, InvalidTransitionError):
         details = {
@@ -87,10 +124,10 @@ def fulgor_error_response(error: FulgorError) -> Response:
             "from_status": error.from_status,
             "to_status": error.to_status,
         }
-    return error_response(status_for(error), error.code, error.message, details)
+    return error_answer(status_for(error), error.code, error.message, details)
 
 
-def validation_error_response(error: pydantic.ValidationError) -> Response:
+def validation_error_answer(error: pydantic.ValidationError) -> Answer:
     """422 naming each offending field by its path, e.g. ``spans[1].start_time``."""
     problems = [
         {"field": api.field_path(tuple(item["loc"])), "message": item["msg"], "type": item["type"]}
@@ -99,50 +136,40 @@ def validation_error_response(error: pydantic.ValidationError) -> Response:
     message = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5])
     if len(problems) > 5:
         message += f"; and {len(problems) - 5} more"
-    return error_response(422, ValidationError.code, message, {"errors": problems})
+    return error_answer(422, ValidationError.code, message, {"errors": problems})
 
 
-async def read_model(request: Request, model: type[T]) -> T:
-    """The JSON request body validated as ``model`` (pydantic errors propagate)."""
-    body = await request.body()
-    # Strict: JSON types must match the schema (no false for a number), as the OpenAPI spec says.
-    result: T = model.model_validate_json(body or b"{}", strict=True)  # type: ignore[attr-defined]
-    return result
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body (a FulgorError from a limit on ``receive`` propagates)."""
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    parts = [body]
+    while message.get("more_body", False):
+        message = await receive()
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
 
 
-def read_query(request: Request, model: type[T], list_fields: frozenset[str] = frozenset()) -> T:
+def read_query(query_string: bytes, model: type[T], list_fields: frozenset[str] = frozenset()) -> T:
     """Query parameters validated as ``model`` (unknown names are errors); ``list_fields`` may repeat."""
-    params = request.query_params
-    data: dict[str, Any] = {
-        name: params.getlist(name) if name in list_fields else params.getlist(name)[-1] for name in params
-    }
+    values: dict[str, list[str]] = {}
+    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        values.setdefault(name, []).append(value)
+    data = {name: items if name in list_fields else items[-1] for name, items in values.items()}
     result: T = model.model_validate(data)  # type: ignore[attr-defined]
     return result
 
 
-async def guarded(make: Callable[[], Awaitable[Response]]) -> Response:
-    """Run a route body, turning fulgor and pydantic errors into their 4xx responses."""
+async def guarded(make: Callable[[], Awaitable[Answer]]) -> Answer:
+    """Run a route body, turning fulgor and pydantic errors into their 4xx answers."""
     try:
         return await make()
     except FulgorError as error:
-        return fulgor_error_response(error)
+        return fulgor_error_answer(error)
     except pydantic.ValidationError as error:
-        return validation_error_response(error)
-
-
-async def guarded_body(request: Request) -> bytes | Response:
-    """The raw request body, or the error response when reading it fails (e.g. too large)."""
-    try:
-        return await request.body()
-    except FulgorError as error:
-        return fulgor_error_response(error)
-
-
-@dataclass(frozen=True)
-class _Cached:
-    status: int
-    body: bytes
-    media_type: str | None
+        return validation_error_answer(error)
 
 
 class IdempotencyCache:
@@ -157,16 +184,14 @@ class IdempotencyCache:
 
     def __init__(self, max_entries: int = 10_000) -> None:
         self._max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str, str], tuple[bytes, asyncio.Future[_Cached]]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[str, str, str], tuple[bytes, asyncio.Future[Answer]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     async def run(
-        self, key: tuple[str, str, str], body: bytes, make: Callable[[], Awaitable[Response]]
-    ) -> Response:
+        self, key: tuple[str, str, str], body: bytes, make: Callable[[], Awaitable[Answer]]
+    ) -> Answer:
         fingerprint = hashlib.sha256(body).digest()
         known = self._entries.get(key)
         if known is not None:
@@ -174,25 +199,24 @@ class IdempotencyCache:
                 message = (
                     f"this {key[2]!r} was already used for a different request; use a new key per request"
                 )
-                return error_response(422, "idempotency_key_reused", message)
+                return error_answer(422, "idempotency_key_reused", message)
             self._entries.move_to_end(key)
-            cached = await asyncio.shield(known[1])
-            return Response(cached.body, cached.status, media_type=cached.media_type)
-        future: asyncio.Future[_Cached] = asyncio.get_running_loop().create_future()
+            return await asyncio.shield(known[1])
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._entries[key] = (fingerprint, future)
         try:
-            response = await make()
+            answer = await make()
         except BaseException as error:
             self._forget(key, future, error)
             raise
-        if response.status_code >= 500:
+        if answer.status >= 500:
             self._forget(key, future, None)
-            return response
-        future.set_result(_Cached(response.status_code, bytes(response.body), response.media_type))
+            return answer
+        future.set_result(answer)
         self._evict()
-        return response
+        return answer
 
-    def _forget(self, key: tuple[str, str, str], future: asyncio.Future[_Cached], error: Any) -> None:
+    def _forget(self, key: tuple[str, str, str], future: asyncio.Future[Answer], error: Any) -> None:
         self._entries.pop(key, None)
         if isinstance(error, Exception):
             future.set_exception(error)
@@ -292,9 +316,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = _header(scope, b"authorization")
+        given = header(scope, b"authorization")
         if given is None or given[:7].lower() != b"bearer ":
-            response = error_response(
+            answer = error_answer(
                 401,
                 "unauthorized",
                 "this server needs a bearer token: send 'Authorization: Bearer TOKEN' "
@@ -302,11 +326,11 @@ class AuthMiddleware:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         elif not hmac.compare_digest(b"Bearer " + given[7:], self._expected):
-            response = error_response(403, "forbidden", "the bearer token is wrong; use the server's token")
+            answer = error_answer(403, "forbidden", "the bearer token is wrong; use the server's token")
         else:
             await self.app(scope, receive, send)
             return
-        await response(scope, receive, send)
+        await answer.send(send)
 
 
 class BodyLimitMiddleware:
@@ -320,13 +344,13 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
             if declared.isdigit():
-                response = fulgor_error_response(self._too_large())
+                answer = fulgor_error_answer(self._too_large())
             else:
-                response = error_response(400, "bad_request", "Content-Length must be a whole number")
-            await response(scope, receive, send)
+                answer = error_answer(400, "bad_request", "Content-Length must be a whole number")
+            await answer.send(send)
             return
         received = 0
 
@@ -347,7 +371,8 @@ class BodyLimitMiddleware:
         )
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or None."""
     for key, value in scope["headers"]:
         if key == name:
             result: bytes = value

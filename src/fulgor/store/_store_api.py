@@ -3,12 +3,13 @@
 Every route lives under ``/api/v1``. :class:`StoreAPI` answers those paths itself, ahead of the web
 framework's router and middleware (which cost several times more than a store call): it matches
 the path against a short table, reads the raw body, validates it with ``model_validate_json``,
-calls the store and returns JSON bytes serialised once. :func:`openapi_paths` describes the same
-table for the OpenAPI spec.
+calls the store and sends JSON bytes serialised once, without request or response objects.
+:func:`openapi_paths` describes the same table for the OpenAPI spec.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,15 +17,19 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
+from fulgor.errors import FulgorError
 from fulgor.store import _api as api
 from fulgor.store import _serving as serving
 from fulgor.store.base import Store
 
-__all__ = ["ROUTES", "StoreAPI", "openapi_paths"]
+__all__ = ["PATH_PREFIX", "ROUTES", "StoreAPI", "openapi_paths"]
+
+logger = logging.getLogger(__name__)
+
+PATH_PREFIX = api.PREFIX + "/"
+_IDEMPOTENCY_HEADER = api.IDEMPOTENCY_HEADER.lower().encode("latin-1")
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -230,28 +235,31 @@ _SLASH = "\u2215"
 
 
 class StoreAPI:
-    """ASGI middleware that serves every path under ``/api/v1`` and passes everything else on."""
+    """ASGI app that serves every path under ``/api/v1`` (the app in front of it sends only those).
 
-    def __init__(self, app: ASGIApp, state: serving.ServerState) -> None:
-        self.app = app
+    Answers are built whole, then sent; an unexpected failure is logged and answered with a 500.
+    """
+
+    def __init__(self, state: serving.ServerState) -> None:
         self.state = state
         self._table = [(route, _pattern(route.path), _endpoint(route, state)) for route in ROUTES]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"] if scope["type"] == "http" else ""
-        if not path.startswith(api.PREFIX + "/"):
-            await self.app(scope, receive, send)
-            return
+        path: str = scope["path"]
         raw = scope.get("raw_path") or b""
         if b"%2f" in raw.lower():
             path = "/".join(
                 unquote(part).replace("/", _SLASH)
                 for part in raw.decode("ascii", "replace").split("?")[0].split("/")
             )
-        response = await self._dispatch(path[len(api.PREFIX) :], scope, receive)
-        await response(scope, receive, send)
+        try:
+            answer = await self._dispatch(path[len(api.PREFIX) :], scope, receive)
+        except Exception:
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            answer = serving.error_answer(500, "internal_error", "the server failed; see its log for details")
+        await answer.send(send)
 
-    async def _dispatch(self, path: str, scope: Scope, receive: Receive) -> Response:
+    async def _dispatch(self, path: str, scope: Scope, receive: Receive) -> serving.Answer:
         # The first route whose pattern matches names the path (literal routes come first in
         # ROUTES, so /rollouts/start is never read as a rollout id); its siblings share the path.
         template: str | None = None
@@ -266,42 +274,49 @@ class StoreAPI:
             if route.method != scope["method"]:
                 allowed.append(route.method)
                 continue
-            scope["path_params"] = {k: v.replace(_SLASH, "/") for k, v in match.groupdict().items()}
-            return await endpoint(Request(scope, receive))
+            params = {k: v.replace(_SLASH, "/") for k, v in match.groupdict().items()}
+            return await endpoint(scope, receive, params)
         where = f"{scope['method']} {scope['path']}"
         if allowed:
             message = f"{where}: use {' or '.join(allowed)}; see /openapi.json"
-            return serving.error_response(
+            return serving.error_answer(
                 405, "method_not_allowed", message, headers={"Allow": ", ".join(allowed)}
             )
-        return serving.error_response(404, "route_not_found", f"{where}: no such route; see /openapi.json")
+        return serving.error_answer(404, "route_not_found", f"{where}: no such route; see /openapi.json")
 
 
 def _pattern(path: str) -> re.Pattern[str]:
     return re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path))
 
 
-def _endpoint(route: Route, state: serving.ServerState) -> Callable[[Request], Awaitable[Response]]:
-    async def run(request: Request) -> Response:
-        if route.body is not None:
-            data: BaseModel = await serving.read_model(request, route.body)
-        else:
-            data = serving.read_query(request, route.query or _Empty, route.list_fields)
-        body = await route.operation(Call(state, data, request.path_params))
-        return Response(body, media_type=serving.JSON)
+Endpoint = Callable[[Scope, Receive, dict[str, str]], Awaitable[serving.Answer]]
 
-    async def endpoint(request: Request) -> Response:
-        key = request.headers.get(api.IDEMPOTENCY_HEADER) if route.idempotent else None
-        if key is None:
-            return await serving.guarded(lambda: run(request))
-        if len(key) > api.MAX_IDEMPOTENCY_KEY_LENGTH:
+
+def _endpoint(route: Route, state: serving.ServerState) -> Endpoint:
+    async def run(scope: Scope, body: bytes, params: dict[str, str]) -> serving.Answer:
+        data: BaseModel
+        if route.body is not None:
+            # Strict: JSON types must match the schema (no false for a number), as the OpenAPI spec says.
+            data = route.body.model_validate_json(body or b"{}", strict=True)
+        else:
+            data = serving.read_query(scope["query_string"], route.query or _Empty, route.list_fields)
+        return serving.Answer(200, await route.operation(Call(state, data, params)))
+
+    async def endpoint(scope: Scope, receive: Receive, params: dict[str, str]) -> serving.Answer:
+        key = serving.header(scope, _IDEMPOTENCY_HEADER) if route.idempotent else None
+        if key is not None and len(key) > api.MAX_IDEMPOTENCY_KEY_LENGTH:
             message = f"{api.IDEMPOTENCY_HEADER} must be at most {api.MAX_IDEMPOTENCY_KEY_LENGTH} characters"
-            return serving.error_response(422, "validation_error", message)
-        body = await serving.guarded_body(request)
-        if isinstance(body, Response):
-            return body
-        cache_key = (route.method, request.url.path, key)
-        return await state.idempotency.run(cache_key, body, lambda: serving.guarded(lambda: run(request)))
+            return serving.error_answer(422, "validation_error", message)
+        try:
+            body = await serving.read_body(receive) if route.body is not None else b""
+        except FulgorError as error:
+            return serving.fulgor_error_answer(error)
+        if key is None:
+            return await serving.guarded(lambda: run(scope, body, params))
+        cache_key = (route.method, scope["path"], key.decode("latin-1"))
+        return await state.idempotency.run(
+            cache_key, body, lambda: serving.guarded(lambda: run(scope, body, params))
+        )
 
     return endpoint
 

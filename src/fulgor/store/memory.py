@@ -326,7 +326,7 @@ class MemoryStore:
         self._rollouts[rollout.rollout_id] = rollout
         self._attempts[rollout.rollout_id].append(attempt)
         self._live[rollout.rollout_id] = attempt
-        return AttemptedRollout.model_construct(**dict(rollout), attempt=attempt)
+        return rules.attempted(rollout, attempt)
 
     def _put_attempt(self, attempt: Attempt, now: float) -> None:
         """Store a changed attempt and move its rollout along the state machine."""

@@ -242,7 +242,7 @@ def otlp_router() -> APIRouter:
     router = APIRouter(tags=["otlp"])
 
     async def export_traces(request: Request) -> Response:
-        return await serving.guarded(lambda: _export(request))
+        return (await serving.guarded(lambda: _export(request))).response()
 
     router.add_api_route(
         "/v1/traces",
@@ -256,7 +256,7 @@ def otlp_router() -> APIRouter:
     return router
 
 
-async def _export(request: Request) -> Response:
+async def _export(request: Request) -> serving.Answer:
     state = request.app.state.fulgor
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (PROTOBUF, serving.JSON):
@@ -274,7 +274,7 @@ async def _export(request: Request) -> Response:
     return _export_response(content_type, problems, rejected + len(problems) - len(store_problems))
 
 
-def _export_response(content_type: str, problems: list[str], rejected: int) -> Response:
+def _export_response(content_type: str, problems: list[str], rejected: int) -> serving.Answer:
     message = "; ".join(problems[:10])
     if content_type == PROTOBUF:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
@@ -283,11 +283,11 @@ def _export_response(content_type: str, problems: list[str], rejected: int) -> R
         if problems:
             response.partial_success.rejected_spans = rejected
             response.partial_success.error_message = message
-        return Response(response.SerializeToString(), media_type=PROTOBUF)
+        return serving.Answer(200, response.SerializeToString(), media_type=PROTOBUF.encode())
     partial = (
         {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}} if problems else {}
     )
-    return Response(json.dumps(partial), media_type=serving.JSON)
+    return serving.Answer(200, json.dumps(partial).encode())
 
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}

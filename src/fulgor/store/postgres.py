@@ -564,7 +564,7 @@ class PostgresStore:
         )
         if config.timeout_seconds is not None or config.unresponsive_seconds is not None:
             await self._db.notify(conn)  # waiters elsewhere learn of the new watchdog deadline
-        return AttemptedRollout.model_construct(**dict(rollout), attempt=attempt)
+        return rules.attempted(rollout, attempt)
 
     async def _put_attempt(self, conn: Connection, attempt: Attempt, now: float) -> bool:
         """Store a changed attempt and move its rollout along; True when a rollout status changed.

@@ -7,9 +7,9 @@ ingestion at ``/v1/traces``, ``/healthz`` and the OpenAPI spec at ``/openapi.jso
 program.
 
 The store routes (:mod:`fulgor.store._store_api`) are lean on purpose: they are served ahead of
-the framework's router, read the raw body, validate it with ``model_validate_json`` and return
-JSON bytes serialised once. The app owns the store it is given and closes it on shutdown.
-Requires the ``server`` extra.
+the framework's middleware and router (with the same auth and body limit), read the raw body,
+validate it with ``model_validate_json`` and return JSON bytes serialised once. The app owns the
+store it is given and closes it on shutdown. Requires the ``server`` extra.
 """
 
 from __future__ import annotations
@@ -97,20 +97,56 @@ def create_app(
                 await gateway.close()
             await config.store.close()
 
-    app = FastAPI(title="fulgor", version=__version__, lifespan=lifespan, redoc_url=None)
+    app = _App(title="fulgor", version=__version__, lifespan=lifespan, redoc_url=None)
     app.state.fulgor = state
     for router in (_health_router(), otlp_router(), *extra_routers):
         app.include_router(router)
     _install_error_handlers(app)
-    # Added last runs first: auth, then the body limit, then the store routes, then everything else.
-    app.add_middleware(store_api.StoreAPI, state=state)
+    # Added last runs first: the gateway's paths, auth, then the body limit, then everything else.
     app.add_middleware(serving.BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
     if config.token is not None:
         app.add_middleware(serving.AuthMiddleware, token=config.token)
     if gateway is not None:
         app.add_middleware(_GatewayRoutes, gateway=gateway)
+    # The store's own paths take the same auth and body limit, without the framework around them.
+    front: ASGIApp = store_api.StoreAPI(state)
+    front = serving.BodyLimitMiddleware(front, max_body_bytes=config.max_body_bytes)
+    if config.token is not None:
+        front = serving.AuthMiddleware(front, token=config.token)
+    app.store_routes = front
     app.openapi = lambda: _openapi(app, secured=config.token is not None)  # type: ignore[method-assign]
     return app
+
+
+class _App(FastAPI):
+    """FastAPI, with the store's paths (``/api/v1/...``) answered before the framework's stack.
+
+    A store call is a few tens of microseconds; the framework's layers around a route (its
+    middleware stack, exception handling, request and response objects) cost more than the call, so
+    ``store_routes`` (auth, body limit and :class:`~fulgor.store._store_api.StoreAPI`, the same
+    checks the other routes get as middleware) sees those paths first. Middleware added to the app
+    later wraps the store's paths too, so it still sees every request.
+    """
+
+    store_routes: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            self.store_routes is not None
+            and scope["type"] == "http"
+            and scope["path"].startswith(_STORE_PATHS)
+        ):
+            await self.store_routes(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        super().add_middleware(middleware_class, *args, **kwargs)
+        if self.store_routes is not None:
+            self.store_routes = middleware_class(self.store_routes, *args, **kwargs)
+
+
+_STORE_PATHS = store_api.PATH_PREFIX
 
 
 class _GatewayRoutes:
@@ -132,7 +168,7 @@ class _GatewayRoutes:
 def _install_error_handlers(app: FastAPI) -> None:
     async def fulgor_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, FulgorError)
-        return serving.fulgor_error_response(error)
+        return serving.fulgor_error_answer(error).response()
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)

@@ -574,7 +574,7 @@ class SqliteStore:
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (*attempt_row(attempt), timeout_at, rollout.config.unresponsive_seconds),
         )
-        return AttemptedRollout.model_construct(**dict(rollout), attempt=attempt)
+        return rules.attempted(rollout, attempt)
 
     def _put_attempt(self, attempt: Attempt, now: float) -> bool:
         """Store a changed attempt and move its rollout along; True when a rollout status changed."""

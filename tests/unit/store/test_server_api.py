@@ -239,6 +239,54 @@ async def test_stopping_the_server_answers_held_long_polls_at_once(tmp_path: Pat
     assert time.monotonic() - started < 5
 
 
+class _BrokenStats(MemoryStore):
+    async def stats(self) -> Any:
+        raise RuntimeError("the disk is on fire")
+
+
+async def test_an_unexpected_failure_is_a_logged_500_and_the_server_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = BackgroundServer(create_app(ServerConfig(store=_BrokenStats())))
+    await asyncio.to_thread(server.start)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            failed = await http.get("/api/v1/stats")
+            workers = await http.get("/api/v1/workers")
+    finally:
+        await server.astop()
+    assert failed.status_code == 500
+    assert error_of(failed)["code"] == "internal_error"
+    assert "the disk is on fire" not in failed.text
+    assert "the disk is on fire" in caplog.text
+    assert workers.status_code == 200
+
+
+async def test_middleware_added_to_the_app_sees_store_requests_too() -> None:
+    seen: list[str] = []
+
+    class Record:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                seen.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    app = create_app(ServerConfig(store=MemoryStore()))
+    app.add_middleware(Record)
+    server = BackgroundServer(app)
+    await asyncio.to_thread(server.start)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            assert (await http.get("/api/v1/stats")).status_code == 200
+            assert (await http.get("/healthz")).status_code == 200
+    finally:
+        await server.astop()
+    assert seen == ["/api/v1/stats", "/healthz"]
+
+
 async def test_spans_in_one_batch(tmp_path: Path) -> None:
     served = await serve_sqlite(tmp_path / "s.sqlite", time.time)
     try:
