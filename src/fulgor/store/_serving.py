@@ -48,6 +48,12 @@ class RequestTooLargeError(FulgorError):
     code = "payload_too_large"
 
 
+class RequestIncompleteError(FulgorError):
+    """The client went away before its request body had arrived."""
+
+    code = "request_incomplete"
+
+
 class UnsupportedMediaTypeError(FulgorError):
     """A request body comes in a content type the route does not read."""
 
@@ -140,16 +146,18 @@ def validation_error_answer(error: pydantic.ValidationError) -> Answer:
 
 
 async def read_body(receive: Receive) -> bytes:
-    """The whole request body (a FulgorError from a limit on ``receive`` propagates)."""
-    message = await receive()
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        return body
-    parts = [body]
-    while message.get("more_body", False):
+    """The whole request body; RequestIncompleteError when the client goes before sending it all.
+
+    A FulgorError from a limit on ``receive`` (the body limit) propagates too.
+    """
+    parts: list[bytes] = []
+    while True:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestIncompleteError("the client disconnected before sending the whole request body")
         parts.append(message.get("body", b""))
-    return b"".join(parts)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def read_query(query_string: bytes, model: type[T], list_fields: frozenset[str] = frozenset()) -> T:

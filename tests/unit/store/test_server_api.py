@@ -287,6 +287,57 @@ async def test_middleware_added_to_the_app_sees_store_requests_too() -> None:
     assert seen == ["/api/v1/stats", "/healthz"]
 
 
+async def _call_asgi(app: Any, path: str, messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Send ``messages`` as the request of a POST to ``path``; the answer's status and JSON body."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    incoming = iter(messages)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(incoming, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+async def test_a_body_in_parts_is_read_whole_and_a_client_gone_midway_changes_nothing() -> None:
+    store = MemoryStore()
+    app = create_app(ServerConfig(store=store))
+    body = json.dumps({"requests": [{"input": {"q": 1}}, {"input": {"q": 2}}]}).encode()
+    status, enqueued = await _call_asgi(
+        app,
+        "/api/v1/rollouts",
+        [
+            {"type": "http.request", "body": body[:10], "more_body": True},
+            {"type": "http.request", "body": body[10:], "more_body": False},
+        ],
+    )
+    assert status == 200
+    assert [rollout["input"] for rollout in enqueued] == [{"q": 1}, {"q": 2}]
+    status, error = await _call_asgi(
+        app, "/api/v1/rollouts", [{"type": "http.request", "body": body[:-2], "more_body": True}]
+    )
+    assert status == 400
+    assert error["error"]["code"] == "request_incomplete"
+    assert (await store.stats()).rollouts == {"queuing": 2}
+
+
 async def test_spans_in_one_batch(tmp_path: Path) -> None:
     served = await serve_sqlite(tmp_path / "s.sqlite", time.time)
     try:
