@@ -134,7 +134,7 @@ class _App(FastAPI):
         if (
             self.store_routes is not None
             and scope["type"] == "http"
-            and scope["path"].startswith(_STORE_PATHS)
+            and scope["path"].startswith(store_api.PATH_PREFIX)
         ):
             await self.store_routes(scope, receive, send)
         else:
@@ -144,9 +144,6 @@ class _App(FastAPI):
         super().add_middleware(middleware_class, *args, **kwargs)
         if self.store_routes is not None:
             self.store_routes = middleware_class(self.store_routes, *args, **kwargs)
-
-
-_STORE_PATHS = store_api.PATH_PREFIX
 
 
 class _GatewayRoutes:
