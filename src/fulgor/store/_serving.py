@@ -111,14 +111,9 @@ def error_answer(
     return Answer(status, body.model_dump_json(exclude_none=True).encode(), extra)
 
 
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    details: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-) -> Response:
-    return error_answer(status, code, message, details, headers).response()
+def internal_error_answer() -> Answer:
+    """The 500 for a failure the server did not expect; the details go to its log, not the client."""
+    return error_answer(500, "internal_error", "the server failed; see its log for details")
 
 
 def fulgor_error_answer(error: FulgorError) -> Answer:

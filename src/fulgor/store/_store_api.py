@@ -256,7 +256,7 @@ class StoreAPI:
             answer = await self._dispatch(path[len(api.PREFIX) :], scope, receive)
         except Exception:
             logger.exception("%s %s failed", scope["method"], scope["path"])
-            answer = serving.error_answer(500, "internal_error", "the server failed; see its log for details")
+            answer = serving.internal_error_answer()
         await answer.send(send)
 
     async def _dispatch(self, path: str, scope: Scope, receive: Receive) -> serving.Answer:

@@ -174,11 +174,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         headers = dict(error.headers or {})
         if error.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(app, request))
-        return serving.error_response(error.status_code, code, message, headers=headers)
+        return serving.error_answer(error.status_code, code, message, headers=headers).response()
 
     async def internal_error(request: Request, error: Exception) -> Response:
         logger.exception("%s %s failed", request.method, request.url.path, exc_info=error)
-        return serving.error_response(500, "internal_error", "the server failed; see its log for details")
+        return serving.internal_error_answer().response()
 
     app.add_exception_handler(FulgorError, fulgor_error)
     app.add_exception_handler(HTTPException, http_error)
