@@ -33,7 +33,7 @@ from examples.calc.train import run_demo  # noqa: E402
 # Tokens lost or not the engine's: must be zero. Merge breaks (a sampled tokenisation that
 # re-encoding does not give back, so the next call starts a new row; the sampled ids are still what
 # is trained) are reported beside them.
-PROBLEMS = ("calls_missing_ids", "truncated_rows", "dropped_rows", "id_mismatches")
+PROBLEMS = ("calls_missing_ids", "calls_missing_logprobs", "truncated_rows", "dropped_rows", "id_mismatches")
 
 
 def main() -> int:

@@ -38,7 +38,8 @@ def make_task(a: int, b: int, op: str, template: int = 0) -> Task:
 
 
 def make_splits(seed: int = 0, sizes: tuple[int, int, int] = (512, 64, 128)) -> dict[str, list[Task]]:
-    """Disjoint train/val/test splits (disjoint by operands and operation)."""
+    """Disjoint train/val/test splits: no two tasks share an operation and its operands, in either
+    order for ``*`` and ``+`` (12*34 and 34*12 are one problem)."""
     rng = random.Random(seed)
     seen: set[tuple[int, int, str]] = set()
     tasks: list[Task] = []
@@ -47,9 +48,10 @@ def make_splits(seed: int = 0, sizes: tuple[int, int, int] = (512, 64, 128)) -> 
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         if op == "-" and b > a:
             a, b = b, a
-        if (a, b, op) in seen:
+        key = (min(a, b), max(a, b), op) if op in "*+" else (a, b, op)
+        if key in seen:
             continue
-        seen.add((a, b, op))
+        seen.add(key)
         tasks.append(make_task(a, b, op, rng.randrange(3)))
     train, val = sizes[0], sizes[0] + sizes[1]
     return {"train": tasks[:train], "val": tasks[train:val], "test": tasks[val:]}

@@ -43,7 +43,14 @@ TASKS = [
     {"prompt": "Name a colour.", "letter": "a"},
     {"prompt": "Count to three.", "letter": "o"},
 ]
-PROBLEMS = ("calls_missing_ids", "merge_breaks", "truncated_rows", "dropped_rows", "id_mismatches")
+PROBLEMS = (
+    "calls_missing_ids",
+    "calls_missing_logprobs",
+    "merge_breaks",
+    "truncated_rows",
+    "dropped_rows",
+    "id_mismatches",
+)
 
 
 @pytest.fixture(scope="module")

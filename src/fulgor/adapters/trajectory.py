@@ -8,10 +8,14 @@ Rules (DESIGN.md, "Trajectories"):
   context under loss mask 0. Anything else starts a new row and counts as a merge break: a chat
   template that is not append-only (one that drops earlier reasoning, say) cannot be trained as
   one sequence, and re-tokenising it would train on tokens the model never sampled.
-* Calls without engine token ids are never trained on; they are counted.
+* Calls without engine token ids are never trained on; they are counted. So are calls without
+  the engine's logprobs: the update weighs each token by its sampling logprob, and a made-up value
+  would silently skew it.
 * The rollout reward (the primary value of its last ``fulgor.reward`` span) is the reward of
-  every row. ``reward_mode="per_call"`` instead gives each call the rewards emitted after it
-  (until the next call), discounted by ``discount`` per later call: the return from that call.
+  every row. ``reward_mode="per_call"`` also fills each row's ``returns``: per token, the rewards
+  emitted after its call ended (until the next call ended), plus later ones discounted by
+  ``discount`` per later call. The built-in GRPO update trains on the rollout reward; ``returns``
+  are there for algorithms that assign credit per call.
 * ``agent_match`` (a regular expression on the recorded agent name) keeps only the calls of the
   chosen agents of a multi-agent system.
 
@@ -77,6 +81,7 @@ class DriftReport:
     calls_total: int = 0
     calls_trained: int = 0
     calls_missing_ids: int = 0
+    calls_missing_logprobs: int = 0
     calls_not_matched: int = 0
     merge_breaks: int = 0
     truncated_rows: int = 0
@@ -161,6 +166,8 @@ def _trainable_calls(
             report.calls_not_matched += 1
         elif call.token_ids_missing or call.prompt_token_ids is None or call.response_token_ids is None:
             report.calls_missing_ids += 1
+        elif call.response_logprobs is None:  # when present, ModelCall has one per response id
+            report.calls_missing_logprobs += 1
         else:
             kept.append((span, call))
     report.calls_trained += len(kept)
@@ -176,12 +183,13 @@ def _call_returns(
 ) -> list[float]:
     if reward_mode == "final":
         return [final_reward] * len(calls)
-    # Rewards emitted after call i (and before call i+1) belong to call i; the first call also
-    # takes any emitted before it.
-    positions = [span.sequence_id or 0 for span, _ in calls]
+    # Rewards emitted after call i ended (and before call i+1 ended) belong to call i; the first
+    # call also takes any emitted before it. By time, not store order: the gateway writes model
+    # call spans in batches, so a reward can reach the store before the call it follows.
+    ends = [span.start_time if span.end_time is None else span.end_time for span, _ in calls]
     immediate = [0.0] * len(calls)
     for reward_span in _reward_spans(spans):
-        index = max(0, sum(1 for p in positions if p < (reward_span.sequence_id or 0)) - 1)
+        index = max(0, sum(1 for end in ends if end <= reward_span.start_time) - 1)
         immediate[index] += float(reward_span.attributes[semconv.ATTR_REWARD_VALUE])
     returns = [0.0] * len(calls)
     running = 0.0
@@ -199,7 +207,7 @@ def _merge(
     for index, (_, call) in enumerate(calls):
         prompt = call.prompt_token_ids or []
         response = call.response_token_ids or []
-        logprobs = call.response_logprobs or [0.0] * len(response)
+        logprobs = call.response_logprobs or []  # one per response id (see _trainable_calls)
         if row is not None and prompt[: len(row.token_ids)] == row.token_ids:
             context = prompt[len(row.token_ids) :]
         else:

@@ -34,12 +34,22 @@ class Spans:
             )
         )
 
-    def call(self, prompt: list[int] | None, response: list[int] | None, agent: str | None = None) -> Spans:
+    def call(
+        self,
+        prompt: list[int] | None,
+        response: list[int] | None,
+        agent: str | None = None,
+        *,
+        with_logprobs: bool = True,
+    ) -> Spans:
+        logprobs = None
+        if with_logprobs and response is not None:
+            logprobs = [-0.1 * (i + 1) for i in range(len(response))]
         record = ModelCall(
             request={},
             prompt_token_ids=prompt,
             response_token_ids=response,
-            response_logprobs=None if response is None else [-0.1 * (i + 1) for i in range(len(response))],
+            response_logprobs=logprobs,
             token_ids_missing=prompt is None,
             agent_name=agent,
             model_version="v1",
@@ -90,6 +100,18 @@ def test_calls_without_ids_are_counted_and_never_trained() -> None:
     assert report.rollouts_without_calls == 1
 
 
+def test_calls_without_their_logprobs_are_counted_and_never_trained() -> None:
+    """The update weighs tokens by the engine's logprobs: a call that lacks them is not trained on
+    with made-up values (a ModelCall's logprobs, when present, match its response ids one for one)."""
+    spans = Spans().call([1], [2, 3], with_logprobs=False).call([7], [8]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans)
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[7, 8]]
+    assert trajectory.rows[0].sampled_logprobs == [0.0, -0.1]
+    assert report.calls_missing_logprobs == 1
+    assert report.calls_trained == 1
+
+
 def test_truncation_and_dropped_rows_are_reported() -> None:
     spans = Spans().call([1, 2, 3], [4, 5, 6]).call([9, 9, 9, 9, 9], [7]).reward(1.0).spans
     trajectory, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
@@ -123,6 +145,23 @@ def test_final_reward_is_the_last_reward_and_per_call_returns_are_discounted() -
     per_call, _ = build_trajectory(ROLLOUT, spans, reward_mode="per_call", discount=0.0)
     assert per_call is not None
     assert per_call.rows[0].returns == [0.5, 0.5, 1.0, 1.0]
+
+
+def test_per_call_returns_follow_time_not_store_order() -> None:
+    """The gateway writes a call's span in a later batch than the reward the agent emitted after it:
+    the reward is stored first, but it belongs to the call that ended before it."""
+    spans = Spans().call([1], [2]).call([1, 2, 3], [4]).reward(1.0).spans
+    first, second, reward = spans
+    # Store order: call 0, reward, call 1; times: call 0 ends at 1, call 1 at 2, the reward at 3.
+    reordered = [
+        first,
+        reward.model_copy(update={"sequence_id": 2}),
+        second.model_copy(update={"sequence_id": 3, "start_time": 1.5, "end_time": 2.0}),
+    ]
+    reordered[1] = reordered[1].model_copy(update={"start_time": 3.0})
+    trajectory, _ = build_trajectory(ROLLOUT, reordered, reward_mode="per_call", discount=0.0)
+    assert trajectory is not None
+    assert trajectory.rows[0].returns == [0.0, 0.0, 1.0, 1.0]
 
 
 def test_an_explicit_reward_overrides_and_no_reward_means_no_trajectory() -> None:

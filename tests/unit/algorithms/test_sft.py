@@ -68,6 +68,20 @@ def test_chat_row_trains_only_what_the_model_emits(model_dir: Path) -> None:
     assert "<tool_response>" in context
 
 
+def test_a_turn_ends_at_the_token_the_engine_stops_on(model_dir: Path) -> None:
+    """A tokenizer whose eos is not the template's end of turn (a base model's): the engine stops on
+    the model's end-of-turn id, and passing it as ``stop_token_ids`` trains exactly that turn."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    expected = chat_row(tokenizer, TRANSCRIPT, TOOLS)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.eos_token = "<|endoftext|>"
+    row = chat_row(tokenizer, TRANSCRIPT, TOOLS, stop_token_ids={im_end, tokenizer.eos_token_id})
+    assert row.token_ids == expected.token_ids
+    assert row.loss_mask == expected.loss_mask
+    # Without the engine's stop ids the turn would run on past its end into template text.
+    assert sum(chat_row(tokenizer, TRANSCRIPT, TOOLS).loss_mask) > sum(expected.loss_mask)
+
+
 def test_chat_row_prompts_are_the_engines_prompts(model_dir: Path) -> None:
     """Each assistant turn starts right after the ids the engine's server renders for that request."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)

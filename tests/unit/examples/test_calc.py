@@ -20,7 +20,8 @@ def test_splits_are_deterministic_and_disjoint() -> None:
     splits = make_splits(seed=3)
     assert [len(splits[name]) for name in ("train", "val", "test")] == [512, 64, 128]
     assert make_splits(seed=3) == splits
-    keys = {name: {(t["a"], t["b"], t["op"]) for t in tasks} for name, tasks in splits.items()}
+    keys = {name: {_problem(t) for t in tasks} for name, tasks in splits.items()}
+    assert sum(len(k) for k in keys.values()) == 512 + 64 + 128  # no problem twice, even within a split
     assert not keys["train"] & keys["val"]
     assert not keys["train"] & keys["test"]
     assert not keys["val"] & keys["test"]
@@ -30,6 +31,12 @@ def test_splits_are_deterministic_and_disjoint() -> None:
             task["op"]
         ]
         assert task["answer"] == expected
+
+
+def _problem(task: dict[str, Any]) -> tuple[int, int, str]:
+    """A task's problem: 12*34 and 34*12 are one (so are 12+34 and 34+12), 34-12 and 12-34 are not."""
+    a, b, op = task["a"], task["b"], task["op"]
+    return (min(a, b), max(a, b), op) if op in "*+" else (a, b, op)
 
 
 @pytest.mark.parametrize(

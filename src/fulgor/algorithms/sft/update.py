@@ -9,7 +9,7 @@ from, or when to stop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,11 @@ class SFTConfig:
 
 
 def chat_row(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    stop_token_ids: Collection[int] | None = None,
 ) -> TrajectoryRow:
     """A training row from a chat transcript, with the ids the engine serves it with.
 
@@ -47,12 +51,19 @@ def chat_row(
     token (what the model emits) get mask 1; what the template writes after that is context. A
     template that is not append-only (one that re-renders earlier turns) is refused, since its rows
     would not match what the engine sees when it serves the conversation turn by turn.
+
+    A turn ends at the first of ``stop_token_ids``: pass the ids the engine stops on
+    (``LoadedModel.eos_token_ids``, which adds the model's generation config to the tokenizer) when
+    the model ends a turn with a token other than the tokenizer's ``eos_token_id``, the default.
     """
     from fulgor.engine.prompts import render_chat_ids
     from fulgor.engine.protocol import ChatMessage, Tool
 
     parsed = [ChatMessage.model_validate(message) for message in messages]
     tool_defs = [Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or ()] or None
+    stops = frozenset(stop_token_ids) if stop_token_ids is not None else _as_ids(tokenizer.eos_token_id)
+    if not stops:
+        raise ConfigError("no end-of-turn token: the tokenizer has no eos_token_id; pass stop_token_ids")
     token_ids: list[int] = []
     loss_mask: list[int] = []
 
@@ -71,7 +82,7 @@ def chat_row(
         extend(render_chat_ids(tokenizer, parsed[:index], tool_defs, add_generation_prompt=True))
         turn_start = len(token_ids)
         full = render_chat_ids(tokenizer, parsed[: index + 1], tool_defs, add_generation_prompt=False)
-        extend(full, trained_until=_end_of_turn(full, turn_start, tokenizer.eos_token_id) - turn_start)
+        extend(full, trained_until=_end_of_turn(full, turn_start, stops) - turn_start)
     if not token_ids:
         raise ConfigError("the transcript has no assistant turn; there is nothing to train on")
     return TrajectoryRow(
@@ -83,10 +94,14 @@ def chat_row(
     )
 
 
-def _end_of_turn(ids: list[int], start: int, eos_id: int | None) -> int:
+def _as_ids(value: int | None) -> frozenset[int]:
+    return frozenset() if value is None else frozenset({value})
+
+
+def _end_of_turn(ids: list[int], start: int, stops: frozenset[int]) -> int:
     """The index just past the first end-of-turn token from ``start`` (the end when there is none)."""
     for position in range(start, len(ids)):
-        if ids[position] == eos_id:
+        if ids[position] in stops:
             return position + 1
     return len(ids)
 
