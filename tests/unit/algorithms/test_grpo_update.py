@@ -375,8 +375,61 @@ def test_updates_raise_the_logprob_of_rewarded_responses(model: torch.nn.Module)
     assert response_logprob(2) < unrewarded
 
 
+def params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_mini_batches_step_per_group_and_take_the_ratio_against_the_starting_policy(
+    model: torch.nn.Module,
+) -> None:
+    """Two mini-batches: group g, then group h, each an optimiser step; the second one's ratio is
+    against the logprobs the policy had before the first step (PPO), so the clip acts."""
+    config = GRPOConfig(learning_rate=0.05, mini_batches=2, importance_correction=False)
+    policy = copy.deepcopy(model)
+    metrics = PolicyUpdater(policy, config).step(BATCH)
+    assert metrics["optimizer_steps"] == 2.0
+    assert metrics["trained_tokens"] == float(collate(BATCH).loss_mask.sum())
+    assert metrics["clip_fraction"] > 0  # the first step moved the policy past the clip range
+
+    # The same two steps by hand: g alone, then h with the starting policy's logprobs as "old".
+    by_hand = copy.deepcopy(model)
+    group_h = [t for t in BATCH if t.group_id == "h"]
+    h_batch = collate(group_h)
+    by_hand.train()
+    h_batch.old_logprobs = token_logprobs(by_hand, h_batch.input_ids, h_batch.attention_mask)[0].detach()
+    updater = PolicyUpdater(by_hand, config)
+    updater._optimise(
+        collate([t for t in BATCH if t.group_id == "g"]), compute_advantages(BATCH[:2], "grpo")[0]
+    )
+    updater._optimise(h_batch, compute_advantages(group_h, "grpo")[0])
+    assert torch.allclose(params(policy), params(by_hand), atol=1e-6)
+
+
+def test_with_one_step_per_batch_the_clip_cannot_act(model: torch.nn.Module) -> None:
+    """The ratio of the first step is exactly 1: clip settings change nothing (documented)."""
+    results = []
+    for clip in (0.0, 0.2, 10.0):
+        policy = copy.deepcopy(model)
+        config = GRPOConfig(learning_rate=0.05, clip_low=min(clip, 0.9), clip_high=clip)
+        metrics = PolicyUpdater(policy, config).step(BATCH)
+        assert metrics["clip_fraction"] == 0.0
+        results.append(params(policy))
+    assert all(torch.equal(results[0], other) for other in results[1:])
+    two_steps = []
+    for clip in (0.01, 10.0):
+        policy = copy.deepcopy(model)
+        config = GRPOConfig(
+            learning_rate=0.05, clip_low=clip if clip < 1 else 0.9, clip_high=clip, mini_batches=2
+        )
+        PolicyUpdater(policy, config).step(BATCH)
+        two_steps.append(params(policy))
+    assert not torch.allclose(two_steps[0], two_steps[1])
+
+
 def test_config_is_validated_early() -> None:
     with pytest.raises(ConfigError, match="rloo"):
         GRPOConfig(advantage="ppo")
     with pytest.raises(ConfigError, match="learning_rate"):
         GRPOConfig(learning_rate=0)
+    with pytest.raises(ConfigError, match="mini_batches"):
+        GRPOConfig(mini_batches=0)

@@ -14,10 +14,15 @@ class GRPOConfig:
     """How the GRPO update behaves.
 
     ``advantage`` names an estimator in ``fulgor.algorithms.grpo.core.ADVANTAGE_ESTIMATORS``
-    (grpo, grpo_mean, rloo, reinforce_pp). ``clip_low``/``clip_high`` bound the ratio to
-    ``[1 - clip_low, 1 + clip_high]``. ``importance_correction`` weights tokens by the truncated
-    ratio of trainer to engine logprobs (capped at ``importance_cap``). ``kl_coef`` > 0 needs a
-    reference model.
+    (grpo, grpo_mean, rloo, reinforce_pp). ``mini_batches`` splits each batch (whole groups
+    together) into that many optimiser steps. ``clip_low``/``clip_high`` bound the ratio of the
+    policy being updated to the policy the batch's update started from, to
+    ``[1 - clip_low, 1 + clip_high]``: it is 1 in the first step of a batch, so with one step per
+    batch (the default) the clip has no effect and the update is a policy gradient with
+    group-relative advantages; from the second mini-batch on it is PPO's clipped objective.
+    ``importance_correction`` weights tokens by the truncated ratio of that starting policy to the
+    engine's logprobs (capped at ``importance_cap``): it corrects for engine/trainer mismatch and
+    for samples drawn by older weights. ``kl_coef`` > 0 needs a reference model.
     """
 
     learning_rate: float = 3e-5
@@ -30,6 +35,7 @@ class GRPOConfig:
     importance_cap: float = 2.0
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
+    mini_batches: int = 1
 
     def __post_init__(self) -> None:
         from fulgor.algorithms.grpo.core import advantage_estimator
@@ -43,5 +49,7 @@ class GRPOConfig:
             )
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.mini_batches < 1:
+            raise ConfigError(f"mini_batches must be >= 1, got {self.mini_batches}")
         if self.importance_cap < 1:
             raise ConfigError(f"importance_cap must be >= 1, got {self.importance_cap}")

@@ -1,9 +1,11 @@
-"""The GRPO policy update on torch: trajectories in, one optimiser step (with micro-batches) out.
+"""The GRPO policy update on torch: trajectories in, optimiser steps (with micro-batches) out.
 
 It reads top to bottom as the step does: ``collate`` trajectories into padded tensors,
 ``compute_advantages`` once per rollout within its group, then for each of the micro-batches (in
 ``waves``) compute the policy's token logprobs, the loss of :mod:`fulgor.algorithms.grpo.core`, and
-accumulate gradients; finally clip the gradient norm and step the optimiser.
+accumulate gradients; finally clip the gradient norm and step the optimiser. With
+``GRPOConfig.mini_batches`` > 1 the batch is split (whole groups together) into that many such
+steps, each later one taking its ratio against the logprobs the policy had before the first.
 
 Three things keep the step from computing what the loss never reads, or computing it twice:
 micro-batches hold rows of similar length, each cut to its own longest row; tokens that rows begin
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
@@ -64,6 +67,9 @@ class Batch:
     sampling_logprobs: torch.Tensor
     rollout_index: torch.Tensor
     n_rollouts: int
+    old_logprobs: torch.Tensor | None = None
+    """The policy's logprobs before this batch's update began; None: the policy being updated is
+    still that policy (the first optimiser step), so its own logprobs stand in."""
 
     def to(self, device: Any) -> Batch:
         """The same batch on ``device`` (the model's)."""
@@ -74,6 +80,7 @@ class Batch:
             self.sampling_logprobs.to(device),
             self.rollout_index.to(device),
             self.n_rollouts,
+            None if self.old_logprobs is None else self.old_logprobs.to(device),
         )
 
     def rows(self, index: torch.Tensor, width: int) -> Batch:
@@ -85,6 +92,7 @@ class Batch:
             self.sampling_logprobs[index, :width],
             self.rollout_index[index],
             self.n_rollouts,
+            None if self.old_logprobs is None else self.old_logprobs[index, :width],
         )
 
 
@@ -160,6 +168,18 @@ def waves(batch: Batch, size: int, share_prefixes: bool = False) -> list[Wave]:
         )
         for wave in prefix.schedule(rows, limits, size)
     ]
+
+
+def _mini_batches(trajectories: list[Trajectory], count: int) -> list[list[int]]:
+    """Indices of ``trajectories`` in up to ``count`` mini-batches of whole groups, in order, as
+    even in groups as can be."""
+    groups: dict[str, list[int]] = {}
+    for index, trajectory in enumerate(trajectories):
+        groups.setdefault(trajectory.group_id or trajectory.rollout_id, []).append(index)
+    members = list(groups.values())
+    count = min(count, len(members))
+    bounds = [round(i * len(members) / count) for i in range(count + 1)]
+    return [[i for group in members[a:b] for i in group] for a, b in pairwise(bounds)]
 
 
 def shares_prefixes(model: Any, batch: Batch) -> bool:
@@ -304,16 +324,38 @@ class PolicyUpdater:
         torch.set_rng_state(state["torch_rng"])
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One update from a batch of trajectories; returns the step's metrics."""
+        """One update from a batch of trajectories (``config.mini_batches`` optimiser steps, whole
+        groups together); returns the step's metrics, averaged over its optimiser steps."""
         import torch
 
         device = next(self.model.parameters()).device
         advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
         advantages = advantages.to(device)
-        batch = collate(trajectories).to(device)
         self.model.train()
+        parts = _mini_batches(trajectories, self.config.mini_batches)
+        batches = [collate([trajectories[i] for i in part]).to(device) for part in parts]
+        for batch in batches[1:]:
+            # Later steps take their ratio against the policy as it was before the first one.
+            batch.old_logprobs = self._logprobs(batch)
+        steps = [
+            self._optimise(batch, advantages[torch.tensor(part, device=device)])
+            for part, batch in zip(parts, batches, strict=True)
+        ]
+        metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        return {
+            **metrics,
+            "trained_tokens": sum(step["trained_tokens"] for step in steps),
+            "optimizer_steps": float(len(steps)),
+            "rollouts_without_signal": float(no_signal),
+            "reward_mean": float(sum(t.reward for t in trajectories) / len(trajectories)),
+        }
+
+    def _optimise(self, batch: Batch, advantages: torch.Tensor) -> dict[str, float]:
+        """One optimiser step over ``batch`` (its rollouts' ``advantages[R]``); returns its metrics."""
+        import torch
+
         self.optimizer.zero_grad(set_to_none=True)
-        tokens_per_rollout = torch.zeros(batch.n_rollouts, device=device).index_add_(
+        tokens_per_rollout = torch.zeros(batch.n_rollouts, device=advantages.device).index_add_(
             0, batch.rollout_index, batch.loss_mask.sum(1)
         )
         total_tokens = float(batch.loss_mask.sum())
@@ -332,13 +374,24 @@ class PolicyUpdater:
                 prefixes.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        return {
-            **sums,
-            "grad_norm": float(grad_norm),
-            "rollouts_without_signal": float(no_signal),
-            "trained_tokens": total_tokens,
-            "reward_mean": float(sum(t.reward for t in trajectories) / len(trajectories)),
-        }
+        return {**sums, "grad_norm": float(grad_norm), "trained_tokens": total_tokens}
+
+    def _logprobs(self, batch: Batch) -> torch.Tensor:
+        """``[B, T]``: the policy's present logprobs of ``batch``'s sampled tokens, without gradients."""
+        import torch
+
+        size = self.config.micro_batch_size
+        lengths = batch.attention_mask.sum(1).tolist()
+        logprobs = torch.zeros_like(batch.sampling_logprobs)
+        with torch.no_grad():
+            for start in range(0, len(lengths), size):
+                end = min(start + size, len(lengths))
+                width = int(max(lengths[start:end]))
+                index = torch.arange(start, end, device=batch.input_ids.device)
+                part = batch.rows(index, width)
+                values, _ = token_logprobs(self.model, part.input_ids, part.attention_mask, part.loss_mask)
+                logprobs[start:end, :width] = values
+        return logprobs
 
     def _reference_prefixes(self, wave: Wave) -> prefix.SharedPrefixes | None:
         """The reference model's forward over ``wave``'s shared prefixes, when the KL term needs it."""
@@ -367,9 +420,10 @@ class PolicyUpdater:
         mask = part.loss_mask
         share = float(mask.sum()) / max(total_tokens, 1.0)  # this micro-batch's share of sampled tokens
         logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask, prefixes)
+        old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
         output = policy_loss(
             logprobs,
-            logprobs.detach(),  # one update per batch: the ratio is taken against this very policy
+            old,
             broadcast_to_tokens(advantages, part.rollout_index, mask),
             mask,
             part.rollout_index,
