@@ -64,5 +64,29 @@ def test_ray_actors_run_every_rollout_once(local_ray: None, tmp_path: Path) -> N
     completed = pool.stop()
     assert statuses == ["succeeded"] * 8
     assert completed == 8
-    assert set(workers) <= {"ray-runner-0", "ray-runner-1"}
+    assert set(workers) <= set(pool.worker_ids)
     assert all(len(attempts) == 1 for attempts in [[w] for w in workers])
+
+
+def test_stop_kills_every_actor_even_when_one_has_died(local_ray: None, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    config = PoolConfig(n_runners=2, runner=RunnerConfig(claim_wait_seconds=0.2, heartbeat_seconds=0.2))
+    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", url, config)
+    pool.start()
+
+    async def heartbeating() -> set[str]:
+        store = SqliteStore(tmp_path / "store.sqlite")
+        for _ in range(300):
+            workers = {w.worker_id for w in await store.list_workers()}
+            if len(workers) == 2:
+                break
+            await asyncio.sleep(0.1)
+        await store.close()
+        return workers
+
+    assert asyncio.run(heartbeating()) == set(pool.worker_ids)
+    dead, healthy = pool._actors
+    ray.kill(dead)
+    pool.stop(timeout_seconds=10)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(healthy.stop.remote(), timeout=30)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from fulgor.errors import FulgorError
+from fulgor.errors import FulgorError, NotFoundError, ValidationError
 from fulgor.store.base import Store
 from fulgor.types import Span
 
@@ -37,22 +37,39 @@ def new_span_id() -> str:
     return secrets.token_hex(8)
 
 
+# Errors a retry cannot cure: the same batch would be refused again.
+_PERMANENT_ERRORS = (ValidationError, NotFoundError)
+
+
 class SpanRecorder:
     """Collects spans from any thread and writes them to the store in batches.
 
     ``record`` never blocks and never talks to the store; a flusher task on the runner's event loop
-    (``run``) writes whatever has accumulated in one ``add_spans`` call. ``flush`` writes the rest
-    and raises if the store refused a batch, so the runner can fail the attempt instead of
-    pretending its trace is complete.
+    (``run``) writes whatever has accumulated in one ``add_spans`` call. No span is dropped on the
+    way: a batch whose write fails (or is cancelled) goes back to the front of the buffer, and a
+    store error that may pass (unreachable, busy) is retried with backoff, which is safe because the
+    store ignores a span id it already holds. ``flush`` writes the rest and raises the store's error
+    when a write finally fails, so the runner can fail the attempt instead of pretending its trace
+    is complete.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, write_tries: int = 4, retry_delay_seconds: float = 0.1) -> None:
+        if write_tries < 1 or retry_delay_seconds < 0:
+            raise AgentError("SpanRecorder needs write_tries >= 1 and retry_delay_seconds >= 0")
         self._store = store
+        self._write_tries = write_tries
+        self._retry_delay_seconds = retry_delay_seconds
         self._pending: list[Span] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self.written = 0
+
+    @property
+    def pending(self) -> int:
+        """How many recorded spans have not reached the store yet."""
+        with self._lock:
+            return len(self._pending)
 
     def record(self, span: Span) -> None:
         with self._lock:
@@ -62,20 +79,46 @@ class SpanRecorder:
             loop.call_soon_threadsafe(wake.set)
 
     async def flush(self) -> None:
-        """Write every span recorded so far."""
+        """Write every span recorded so far; raise the store's error if a write finally fails."""
+        delay = self._retry_delay_seconds
+        for tries_left in range(self._write_tries - 1, -1, -1):
+            try:
+                await self._write_pending()
+                return
+            except _PERMANENT_ERRORS:
+                raise
+            except FulgorError as failure:
+                if not tries_left:
+                    raise
+                logger.warning("writing spans failed (%s); retrying in %.2fs", failure, delay)
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    async def _write_pending(self) -> None:
         with self._lock:
             batch, self._pending = self._pending, []
-        if batch:
+        if not batch:
+            return
+        try:
             await self._store.add_spans(batch)
-            self.written += len(batch)
+        except BaseException:
+            with self._lock:
+                self._pending[:0] = batch  # ahead of what was recorded meanwhile, to keep the order
+            raise
+        self.written += len(batch)
 
     async def run(self) -> None:
-        """Flush whenever spans arrive, until cancelled; then flush what is left."""
+        """Flush whenever spans arrive, until cancelled (the runner's final ``flush`` writes the rest)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         try:
             while True:
-                await self.flush()  # also whatever was recorded before this task started
+                try:
+                    await self.flush()  # also whatever was recorded before this task started
+                except FulgorError as failure:
+                    # The spans stay buffered; the next flush tries again, and the runner's final
+                    # one fails the attempt if the store still refuses them.
+                    logger.warning("spans stay buffered after a failed write: %s", failure)
                 await self._wake.wait()
                 self._wake.clear()
         finally:

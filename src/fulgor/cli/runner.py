@@ -19,7 +19,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--agent", required=True, help="the agent as module:object (a @rollout function or an Agent)"
     )
-    parser.add_argument("--store", default="sqlite:///runs/default/store.sqlite", help="store URL")
+    parser.add_argument(
+        "--store",
+        default="sqlite:///runs/default/store.sqlite",
+        help="a store every worker process can open: sqlite:///PATH or `fulgor serve`'s http://HOST:PORT",
+    )
     parser.add_argument("--n-runners", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--max-concurrency", type=int, default=1, help="rollouts at once per worker")
     parser.add_argument("--gateway-url", help="hand agents per-rollout LLM URLs under this gateway")

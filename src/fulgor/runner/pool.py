@@ -31,7 +31,7 @@ from fulgor.agent.base import Runnable
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
 
-__all__ = ["PoolConfig", "RunnerPool", "load_agent"]
+__all__ = ["PoolConfig", "RunnerPool", "check_shared_store", "load_agent"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,16 @@ def load_agent(spec: str) -> Runnable:
     return agent
 
 
+def check_shared_store(store_url: str) -> None:
+    """Refuse a store the pool's runners cannot share: each would open its own and see nothing."""
+    if store_url.startswith("memory://"):
+        raise ConfigError(
+            f"store {store_url!r} cannot be shared by runner processes: each would open its own empty "
+            "in-memory store and run nothing. Use a store every process can open: a SQLite file "
+            "(sqlite:///runs/NAME/store.sqlite) or the URL `fulgor serve` prints (http://HOST:PORT)"
+        )
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """How many runner processes, and how each one runs."""
@@ -77,6 +87,7 @@ class RunnerPool:
     """Starts, supervises and stops ``n_runners`` runner processes."""
 
     def __init__(self, agent_spec: str, store_url: str, config: PoolConfig | None = None) -> None:
+        check_shared_store(store_url)
         load_agent(agent_spec)  # fail here, in the parent, with a clear message
         self.agent_spec = agent_spec
         self.store_url = store_url

@@ -10,11 +10,12 @@ then kills them, so no actor outlives the pool.
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 from fulgor.agent.base import Runnable
 from fulgor.errors import ConfigError
-from fulgor.runner.pool import PoolConfig, load_agent
+from fulgor.runner.pool import PoolConfig, check_shared_store, load_agent
 from fulgor.runner.worker import Runner, RunnerConfig
 
 __all__ = ["RayRunnerPool"]
@@ -59,11 +60,16 @@ class RayRunnerPool:
     """``n_runners`` runner actors on a Ray cluster (or a local Ray instance)."""
 
     def __init__(self, agent: Runnable | str, store_url: str, config: PoolConfig | None = None) -> None:
+        check_shared_store(store_url)
         if isinstance(agent, str):
             load_agent(agent)  # fail here with a clear message rather than inside an actor
         self.agent = agent
         self.store_url = store_url
         self.config = config or PoolConfig()
+        # Unique per pool: two pools on one cluster (or one store) must not share worker ids, or
+        # the store could not tell their heartbeats and attempts apart.
+        pool_id = secrets.token_hex(4)
+        self.worker_ids = [f"ray-{pool_id}-runner-{index}" for index in range(self.config.n_runners)]
         self._actors: list[Any] = []
         self._runs: list[Any] = []
 
@@ -73,26 +79,53 @@ class RayRunnerPool:
         if not ray.is_initialized():
             raise ConfigError("Ray is not initialised: call ray.init() (or ray.init(address=...)) first")
         actor_class = ray.remote(num_cpus=0)(_RunnerActor)
-        for index in range(self.config.n_runners):
+        for worker_id in self.worker_ids:
             actor = actor_class.options(name=None, max_concurrency=1000).remote(
-                self.agent, self.store_url, self.config.runner, f"ray-runner-{index}"
+                self.agent, self.store_url, self.config.runner, worker_id
             )
             self._actors.append(actor)
             self._runs.append(actor.run.remote())
 
     def stop(self, timeout_seconds: float | None = None) -> int:
-        """Drain every actor, then kill it; returns how many rollouts the actors completed."""
+        """Drain every actor, then kill it; returns how many rollouts the actors completed.
+
+        Every actor is killed even when some have died or fail to drain, so that none keeps claiming.
+        """
         ray = _ray()
-        ray.get([actor.stop.remote() for actor in self._actors])
+        try:
+            return self._drain(ray, timeout_seconds)
+        finally:
+            for actor in self._actors:
+                ray.kill(actor)
+            self._actors.clear()
+            self._runs.clear()
+
+    def _drain(self, ray: Any, timeout_seconds: float | None) -> int:
         wait = (
             timeout_seconds if timeout_seconds is not None else self.config.runner.shutdown_grace_seconds + 30
         )
-        ready, pending = ray.wait(self._runs, num_returns=len(self._runs), timeout=wait)
-        completed = sum(ray.get(ready))
-        if pending:
-            logger.warning("%d runner actors did not drain in %.0fs; killing them", len(pending), wait)
-        for actor in self._actors:
-            ray.kill(actor)
-        self._actors.clear()
-        self._runs.clear()
-        return int(completed)
+        stops = [actor.stop.remote() for actor in self._actors]
+        completed = _results(ray, self._runs, wait)
+        _results(ray, stops, 0)  # only to log the actors that had died
+        if len(completed) < len(self._runs):
+            logger.warning(
+                "%d of %d runner actors died or did not drain in %.0fs; killing them",
+                len(self._runs) - len(completed),
+                len(self._runs),
+                wait,
+            )
+        return int(sum(completed))
+
+
+def _results(ray: Any, refs: list[Any], timeout_seconds: float) -> list[Any]:
+    """The results of the ``refs`` that finish within the timeout; a dead actor's is logged, not raised."""
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_seconds)
+    results = []
+    for ref in ready:
+        try:
+            results.append(ray.get(ref))
+        except ray.exceptions.RayError as failure:
+            logger.warning("a runner actor failed: %s", failure)
+    return results

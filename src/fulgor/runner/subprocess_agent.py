@@ -26,9 +26,10 @@ import logging
 import os
 import secrets
 import signal
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
 from fulgor.agent.emit import emit_message, emit_reward
@@ -122,27 +123,31 @@ class SubprocessAgent:
         return env
 
     async def _run_program(self, env: dict[str, str], task: Any) -> ProgramResult:
-        process = await asyncio.create_subprocess_exec(
-            *self.command,
-            env=env,
-            cwd=self.cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group, so the whole tree can be stopped
-        )
-        try:
-            stdout, stderr = await process.communicate()
-        except BaseException:
-            await self._stop_group(process)
-            raise
-        _kill_group(process.pid)  # whatever the program left running in its group goes with it
-        return ProgramResult(
-            task=task,
-            exit_code=process.returncode if process.returncode is not None else -1,
-            stdout=stdout[-_OUTPUT_LIMIT_BYTES:].decode(errors="replace"),
-            stderr=stderr[-_OUTPUT_LIMIT_BYTES:].decode(errors="replace"),
-        )
+        # Output goes to files, not pipes: a background child the program leaves behind keeps a
+        # pipe open, and waiting for its end would hold the rollout until its timeout although
+        # the program itself has exited (and on Python 3.11 even process.wait() waits for pipes).
+        with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+            process = await asyncio.create_subprocess_exec(
+                *self.command,
+                env=env,
+                cwd=self.cwd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # its own process group, so the whole tree can be stopped
+            )
+            try:
+                await process.wait()
+            except BaseException:
+                await self._stop_group(process)
+                raise
+            _kill_group(process.pid)  # whatever the program left running in its group goes with it
+            return ProgramResult(
+                task=task,
+                exit_code=process.returncode if process.returncode is not None else -1,
+                stdout=_tail(stdout),
+                stderr=_tail(stderr),
+            )
 
     async def _stop_group(self, process: asyncio.subprocess.Process) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -173,11 +178,19 @@ class _RewardEndpoint:
         self._port = 0
         self._contexts: dict[str, RolloutContext] = {}
         self._tokens: dict[str, str] = {}
+        # Rollouts that start together must share one server, not each start one (and leak all but
+        # the last). Made on first use and dropped with the server: a lock is bound to one loop.
+        self._starting: asyncio.Lock | None = None
 
     async def register(self, context: RolloutContext) -> str:
-        if self._server is None:
-            self._server = await serve_http(self._handle, "127.0.0.1", 0, max_body_bytes=_BODY_LIMIT_BYTES)
-            self._port = self._server.sockets[0].getsockname()[1]
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._server is None:
+                self._server = await serve_http(
+                    self._handle, "127.0.0.1", 0, max_body_bytes=_BODY_LIMIT_BYTES
+                )
+                self._port = self._server.sockets[0].getsockname()[1]
         token = secrets.token_urlsafe(16)
         self._contexts[token] = context
         self._tokens[context.attempt_id] = token
@@ -191,6 +204,7 @@ class _RewardEndpoint:
         if not self._contexts and self._server is not None:
             self._server.close()
             self._server = None
+            self._starting = None
 
     async def _handle(self, request: HttpRequest) -> HttpReply:
         if request.method != "POST":
@@ -215,6 +229,12 @@ class _RewardEndpoint:
         except AgentError as error:
             return error_reply(400, "validation_error", error.message)
         return HttpReply(body=json.dumps({"value": reward.value, "primary": reward.primary}).encode())
+
+
+def _tail(output: IO[bytes]) -> str:
+    """The last ``_OUTPUT_LIMIT_BYTES`` a program wrote to ``output``."""
+    output.seek(max(0, output.seek(0, os.SEEK_END) - _OUTPUT_LIMIT_BYTES))
+    return output.read().decode(errors="replace")
 
 
 def _kill_group(pgid: int) -> None:

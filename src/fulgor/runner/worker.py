@@ -77,6 +77,8 @@ class Runner:
         self.store = store
         self.worker_id = worker_id or default_worker_id()
         self.config = config or RunnerConfig()
+        # Keyed by attempt id: a retry of a rollout may start here while its previous attempt's task
+        # is still finishing, and each must stay counted, cancellable and drained.
         self._active: dict[str, tuple[AttemptedRollout, asyncio.Task[None]]] = {}
         self._reported: set[str] = set()  # attempt ids whose outcome reached the store
         self._stopping = asyncio.Event()
@@ -123,15 +125,28 @@ class Runner:
             # the store can requeue the rollout instead of waiting for it forever.
             status, error, cancelled = "failed", "the runner shut down before the rollout finished", True
         finally:
-            flusher.cancel()
-            await asyncio.gather(flusher, return_exceptions=True)
-            try:
-                await recorder.flush()
-            except FulgorError as failure:
-                status, error = "failed", f"spans could not be stored: {failure}"
+            lost = await self._store_spans(claimed, flusher, recorder)
+            if lost is not None:
+                status, error = "failed", lost
         await self._report(claimed, status, error)
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _store_spans(
+        self, claimed: AttemptedRollout, flusher: asyncio.Task[None], recorder: SpanRecorder
+    ) -> str | None:
+        """Stop the background flusher and write the spans still buffered; the error if some were not."""
+        flusher.cancel()
+        [ended] = await asyncio.gather(flusher, return_exceptions=True)
+        if isinstance(ended, Exception):  # the final flush below still writes what it left behind
+            logger.error("the span flusher of rollout %s failed: %r", claimed.rollout_id, ended)
+        try:
+            await recorder.flush()
+        except Exception as failure:  # the worker boundary: the attempt fails, the runner goes on
+            logger.error("spans of rollout %s could not be stored: %r", claimed.rollout_id, failure)
+            cause = f"{type(failure).__name__}: {failure}"
+            return f"spans could not be stored ({recorder.pending} left unwritten): {cause}"
+        return None
 
     async def _run_agent(
         self, claimed: AttemptedRollout, resources: Mapping[str, Resource]
@@ -208,8 +223,9 @@ class Runner:
 
     def _start(self, claimed: AttemptedRollout) -> None:
         task = asyncio.create_task(self.run_attempt(claimed), name=f"fulgor-rollout-{claimed.rollout_id}")
-        self._active[claimed.rollout_id] = (claimed, task)
-        task.add_done_callback(lambda _: self._active.pop(claimed.rollout_id, None))
+        attempt_id = claimed.attempt.attempt_id
+        self._active[attempt_id] = (claimed, task)
+        task.add_done_callback(lambda _: self._active.pop(attempt_id, None))
 
     async def _wait_for_a_slot(self) -> None:
         tasks = {task for _, task in self._active.values()}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fulgor import semconv
-from fulgor.agent import emit_message, rollout
+from fulgor.agent import current_context, emit_message, emit_reward, rollout
 from fulgor.runner import Runner, RunnerConfig, gateway_base_url
 from fulgor.store import MemoryStore, SqliteStore, Store
 from fulgor.types import LLM, RolloutConfig, RolloutRequest
@@ -97,6 +97,61 @@ async def test_a_hanging_agent_times_out_and_is_retried(store: Store) -> None:
     assert time.monotonic() - started < 10
     assert (await store.get_rollout(created.rollout_id)).status == "failed"
     assert [a.status for a in await store.list_attempts(created.rollout_id)] == ["timeout", "timeout"]
+
+
+@pytest.mark.parametrize("ending", ["cancel", "shutdown"])
+async def test_a_retry_started_while_its_previous_attempt_finishes_is_tracked(
+    store: Store, ending: str
+) -> None:
+    # The store times the first attempt out and requeues the rollout; this runner claims the retry
+    # while the first attempt's agent is still cleaning up. The retry must stay counted in the
+    # heartbeat, be stopped when the store ends it, and be drained on shutdown.
+    started: list[str] = []
+    stopped: set[str] = set()
+    retry_started = asyncio.Event()
+
+    @rollout
+    async def hangs(task: Any) -> float:
+        attempt_id = current_context().attempt_id
+        started.append(attempt_id)
+        if len(started) == 2:
+            retry_started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if attempt_id == started[0]:
+                await asyncio.sleep(0.3)  # a cleanup that takes a moment
+            raise
+        finally:
+            stopped.add(attempt_id)
+        return 1.0
+
+    config = RolloutConfig(timeout_seconds=1.5, max_attempts=3)
+    [created] = await store.enqueue([RolloutRequest(input={}, config=config)])
+    runner = Runner(hangs, store, worker_id="w1", config=FAST)
+    task = asyncio.create_task(runner.run())
+    await asyncio.wait_for(retry_started.wait(), timeout=10)
+    await asyncio.sleep(0.5)  # the first attempt's task has ended; a few heartbeats went out
+    assert started[0] in stopped
+    [worker] = await store.list_workers()
+    assert worker.stats["active"] == 1, "the running retry is not counted"
+    if ending == "cancel":
+        await store.cancel([created.rollout_id])
+        for _ in range(20):  # the heartbeat (every 0.05 s) finds the ended attempt
+            if started[1] in stopped:
+                break
+            await asyncio.sleep(0.05)
+        assert started[1] in stopped, "the retry's agent was not stopped when the store ended it"
+    runner.stop()
+    await asyncio.wait_for(task, timeout=10)
+    assert set(started) == stopped, "an agent was still running after the runner returned"
+    attempts = await store.list_attempts(created.rollout_id)
+    assert [a.attempt_id for a in attempts] == started
+    assert attempts[0].status == "timeout"
+    if ending == "shutdown":
+        assert attempts[1].status == "failed"
+        assert attempts[1].error is not None
+        assert "shut down" in attempts[1].error
 
 
 async def test_cancelling_a_rollout_stops_its_agent(store: Store) -> None:
@@ -193,3 +248,47 @@ async def test_a_failing_claim_is_retried_not_fatal(store: Store) -> None:
     await run_until_done(Runner(solver, store, config=config), store, [created.rollout_id])
     assert failures == 0
     assert (await store.get_rollout(created.rollout_id)).status == "succeeded"
+
+
+@rollout
+async def rewarded(task: Any) -> None:
+    emit_reward(1.0)
+    await asyncio.sleep(0.2)  # the span flusher writes while the agent still runs
+
+
+def fail_span_writes(store: Store, failures: int) -> list[int]:
+    """Make the next ``failures`` ``add_spans`` calls raise; returns a one-item list of calls made."""
+    from fulgor.errors import StoreError
+
+    calls = [0]
+    real_add_spans = store.add_spans
+
+    async def flaky_add_spans(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] <= failures:
+            raise StoreError("the store is briefly unreachable")
+        return await real_add_spans(*args, **kwargs)
+
+    store.add_spans = flaky_add_spans  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_failed_span_write_is_retried_and_the_reward_kept(store: Store) -> None:
+    calls = fail_span_writes(store, failures=1)
+    [created] = await store.enqueue([RolloutRequest(input={})])
+    await run_until_done(Runner(rewarded, store, config=FAST), store, [created.rollout_id])
+    assert calls[0] >= 2
+    assert (await store.get_rollout(created.rollout_id)).status == "succeeded"
+    [reward] = await store.query_spans(created.rollout_id, name=semconv.SPAN_REWARD)
+    assert reward.attributes[semconv.ATTR_REWARD_VALUE] == 1.0
+
+
+async def test_spans_the_store_keeps_refusing_fail_the_attempt(store: Store) -> None:
+    fail_span_writes(store, failures=1000)
+    [created] = await store.enqueue([RolloutRequest(input={})])
+    await run_until_done(Runner(rewarded, store, config=FAST), store, [created.rollout_id])
+    [attempt] = await store.list_attempts(created.rollout_id)
+    assert attempt.status == "failed"
+    assert attempt.error == (
+        "spans could not be stored (1 left unwritten): StoreError: the store is briefly unreachable"
+    )

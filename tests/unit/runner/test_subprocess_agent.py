@@ -10,6 +10,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from tests.process_support import gone_within
@@ -150,6 +151,59 @@ async def test_timeout_kills_the_whole_process_group(store: MemoryStore, tmp_pat
     assert attempt.status == "timeout"
     grandchild = int(pid_file.read_text())
     assert gone_within(grandchild, seconds=5)
+
+
+async def test_a_program_that_exits_ends_its_rollout_despite_a_background_child(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    # The background child inherits the program's stdout and stderr and would keep them open for
+    # its whole life: the rollout must end with the program, not with the child or the timeout.
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        f"sleep 300 & echo $! > {pid_file}; "
+        """curl -sf -o /dev/null -d '{"value": 1.0}' "$FULGOR_REWARD_URL"; echo posted; echo oops >&2"""
+    )
+    started = time.monotonic()
+    [rollout_id] = await run_all(store, SubprocessAgent(["bash", "-c", script]), [{}], timeout_seconds=20)
+    assert time.monotonic() - started < 5
+    [attempt] = await store.list_attempts(rollout_id)
+    assert (attempt.status, attempt.error) == ("succeeded", None)
+    assert await rewards(store, rollout_id) == [1.0]
+    [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+    assert message.attributes[semconv.ATTR_MESSAGE_BODY] == "posted\n"
+    assert gone_within(int(pid_file.read_text()), seconds=5)
+
+
+async def test_only_the_tail_of_a_long_output_is_kept(store: MemoryStore) -> None:
+    seen: list[ProgramResult] = []
+
+    def reward(result: ProgramResult) -> float:
+        seen.append(result)
+        return 1.0
+
+    program = [
+        sys.executable,
+        "-c",
+        "import sys; sys.stdout.write('a' * 100_000 + 'end'); sys.stderr.write('e')",
+    ]
+    await run_all(store, SubprocessAgent(program, reward_fn=reward), [{}])
+    [result] = seen
+    assert len(result.stdout) == 64 * 1024
+    assert result.stdout.endswith("aend")
+    assert result.stderr == "e"
+
+
+async def test_rollouts_that_start_together_share_one_reward_server(store: MemoryStore) -> None:
+    program = ["bash", "-c", 'echo "$FULGOR_REWARD_URL"']
+    rollout_ids = await run_all(store, SubprocessAgent(program), [{}, {}])  # both claimed at once
+    ports = set()
+    for rollout_id in rollout_ids:
+        [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+        ports.add(urlsplit(message.attributes[semconv.ATTR_MESSAGE_BODY].strip()).port)
+    for port in ports:  # the last rollout out closed the server
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+    assert len(ports) == 1, f"one reward server per rollout: {ports}"
 
 
 def test_empty_command_is_refused() -> None:
