@@ -1,9 +1,12 @@
-"""Shared pieces of the gateway integration tests: a rollout to call into and its recorded calls."""
+"""Shared pieces of the gateway integration tests: a rollout to call into, its recorded calls, and
+a raw upstream whose answers a test writes byte by byte."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fulgor import semconv
@@ -65,3 +68,88 @@ def assert_matches(call: ModelCall, sample: Sample) -> None:
     assert call.prompt_token_ids == sample.prompt_token_ids
     assert call.response_token_ids == sample.token_ids
     assert call.response_logprobs == sample.logprobs
+
+
+JsonDict = dict[str, Any]
+RawHandler = Callable[[JsonDict, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawUpstream:
+    """An upstream on loopback that answers each request with ``handler(request, writer)``: for
+    what the scripted server never does (streams cut short, error chunks, hung engines, vLLM
+    fields). One request per connection; the connection is closed after the handler returns."""
+
+    def __init__(self, handler: RawHandler) -> None:
+        self.handler = handler
+        self.requests: list[JsonDict] = []
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+
+    async def __aenter__(self) -> RawUpstream:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            length = next(
+                (
+                    int(line.split(":", 1)[1])
+                    for line in head.split("\r\n")
+                    if line.startswith("content-length:")
+                ),
+                0,
+            )
+            body = await reader.readexactly(length)
+            self.requests.append(json.loads(body) if body else {})
+            await self.handler(self.requests[-1], writer)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+
+def sse_event(payload: JsonDict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def write_stream(writer: asyncio.StreamWriter, events: Sequence[bytes], *, cut: bool = False) -> None:
+    """A 200 event stream, one HTTP chunk per event; ``cut`` drops the connection mid-body, as
+    an engine that dies mid-generation does."""
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    )
+    for event in events:
+        writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+    await writer.drain()
+    if cut:
+        await asyncio.sleep(0.05)
+        writer.transport.abort()
+        return
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def write_json(writer: asyncio.StreamWriter, payload: JsonDict, status: int = 200) -> None:
+    body = json.dumps(payload).encode()
+    writer.write(
+        f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()

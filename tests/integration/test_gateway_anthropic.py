@@ -1,4 +1,5 @@
-"""The Anthropic SDK (streamed and not, tool use included) and curl through the gateway."""
+"""The Anthropic SDK (streamed and not, tool use included) and curl through the gateway; stop
+sequences, upstream errors mid-stream and error shapes."""
 
 from __future__ import annotations
 
@@ -13,8 +14,17 @@ from typing import Any
 
 import anthropic
 import pytest
-from gateway_support import GatewayEnv, assert_matches, gateway_env
+from gateway_support import (
+    GatewayEnv,
+    RawUpstream,
+    assert_matches,
+    gateway_env,
+    sse_event,
+    write_json,
+    write_stream,
+)
 
+from fulgor.gateway import GatewayConfig
 from fulgor.testing import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 
 CURL_SCRIPT = Path(__file__).with_name("gateway_curl.sh")
@@ -124,3 +134,90 @@ async def test_curl_from_a_shell_script(env: GatewayEnv, upstream: ScriptedOpenA
     recorded = await env.calls(rollout, 2)
     for call, sample in zip(recorded, upstream.samples, strict=True):
         assert_matches(call, sample)
+
+
+def chat_chunk(choice: dict[str, Any], **top: Any) -> bytes:
+    return sse_event({"id": "c", "model": "m", "choices": [{"index": 0, **choice}], **top})
+
+
+async def stop_on_end(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    """vLLM's answer when a stop string matched: finish_reason "stop", stop_reason the string."""
+    ids = {"prompt_token_ids": [1, 2]}
+    if not request.get("stream"):
+        choice = {"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "stop"}
+        body = {"id": "c", "model": "m", "choices": [{**choice, "token_ids": [97], "stop_reason": "END"}]}
+        await write_json(writer, {**body, **ids, "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+        return
+    events = [
+        chat_chunk({"delta": {"role": "assistant", "content": ""}}, **ids),
+        chat_chunk({"delta": {"content": "a"}, "token_ids": [97]}),
+        chat_chunk({"delta": {}, "token_ids": [], "finish_reason": "stop", "stop_reason": "END"}),
+        sse_event({"id": "c", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}}),
+        b"data: [DONE]\n\n",
+    ]
+    await write_stream(writer, events)
+
+
+async def test_a_matched_stop_sequence_is_reported_whole_and_streamed() -> None:
+    async with RawUpstream(stop_on_end) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        client = anthropic.AsyncAnthropic(base_url=anthropic_base(base_url), api_key="unused")
+        request: Any = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        whole = await client.messages.create(**request, stop_sequences=["END"])
+        assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "END")
+        async with client.messages.stream(**request, stop_sequences=["END"]) as stream:
+            streamed = await stream.get_final_message()
+        assert (streamed.stop_reason, streamed.stop_sequence) == ("stop_sequence", "END")
+        assert [sent["stop"] for sent in upstream.requests] == [["END"], ["END"]]
+        calls = await env.calls(rollout, 2)
+        assert [call.response_token_ids for call in calls] == [[97], [97]]
+
+
+async def test_an_upstream_error_chunk_ends_the_stream_with_an_error_event() -> None:
+    async def fail_mid_stream(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        error = {"message": "generation failed inside the engine", "type": "server_error", "code": "engine"}
+        events = [
+            chat_chunk({"delta": {"role": "assistant", "content": ""}}, prompt_token_ids=[1]),
+            chat_chunk({"delta": {"content": "Hel"}, "token_ids": [72]}),
+            sse_event({"error": error}),
+            b"data: [DONE]\n\n",
+        ]
+        await write_stream(writer, events)
+
+    async with RawUpstream(fail_mid_stream) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        client = anthropic.AsyncAnthropic(base_url=anthropic_base(base_url), api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError, match="generation failed"):
+            await read_stream(client)
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "generation failed" in call.error
+        assert call.response_token_ids is None
+
+
+async def read_stream(client: anthropic.AsyncAnthropic) -> None:
+    async with client.messages.stream(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        async for _ in stream:
+            pass
+
+
+async def test_errors_reach_the_sdk_in_anthropics_shape(upstream: ScriptedOpenAIServer) -> None:
+    async with gateway_env([upstream.url], GatewayConfig(api_key="s3cret")) as env:
+        rollout, base_url = await env.rollout()
+        client = anthropic.AsyncAnthropic(base_url=anthropic_base(base_url), api_key="s3cret", max_retries=0)
+        request: Any = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(anthropic.BadRequestError, match="messages must be a list of JSON objects") as bad:
+            await client.messages.create(**{**request, "messages": ["hi"]})
+        assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        upstream.fail_next(1, status=400)
+        with pytest.raises(anthropic.BadRequestError, match="scripted failure") as refused:
+            await client.messages.create(**request)
+        assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+        wrong_key = client.with_options(api_key="wrong")
+        with pytest.raises(anthropic.PermissionDeniedError) as denied:
+            await wrong_key.messages.create(**request)
+        assert denied.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
+        await env.calls(rollout, 1)
+    assert len(upstream.requests) == 1

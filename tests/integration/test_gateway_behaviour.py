@@ -1,5 +1,5 @@
 """The gateway's guarantees: rollout checks, auth, pause/drain, missing ids, retries, routing,
-cancellation on disconnect, backpressure from a slow store."""
+cancellation on disconnect, backpressure from a slow store, empty bodies."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fulgor.gateway import GatewayConfig
 from fulgor.net.sockets import bind_socket
 from fulgor.store.memory import MemoryStore
 from fulgor.testing import ScriptedOpenAIServer, ScriptedReply
-from fulgor.types import Span
+from fulgor.types import Attempt, Span
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -93,6 +93,75 @@ async def test_pause_refuses_new_calls_and_drains_the_ones_in_flight() -> None:
             assert (await http.post(f"{base_url}/chat/completions", json=CHAT)).status_code == 200
         calls = await env.calls(rollout, 2)
         assert [call.model_version for call in calls] == [None, "7"]
+
+
+class SlowGuardStore(MemoryStore):
+    """A store that takes a while to answer the gateway's rollout check (a remote store under load)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checking = asyncio.Event()
+
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        self.checking.set()
+        await asyncio.sleep(0.3)
+        return await super().list_attempts(rollout_id)
+
+
+async def test_a_call_still_being_checked_when_the_gateway_pauses_is_drained_and_refused(
+    upstream: ScriptedOpenAIServer,
+) -> None:
+    store = SlowGuardStore()
+    async with gateway_env([upstream.url], store=store) as env:
+        _, base_url = await env.rollout()
+        async with httpx.AsyncClient(timeout=10) as http:
+            call = asyncio.create_task(http.post(f"{base_url}/chat/completions", json=CHAT))
+            await asyncio.wait_for(store.checking.wait(), timeout=5)
+            drained = (await http.post(f"{env.url}/gateway/pause", json={"drain_timeout_seconds": 5})).json()
+            assert drained["drained"] is True
+            refused = await call
+            assert refused.status_code == 429
+            assert "retry-after" in refused.headers
+    assert upstream.requests == []
+
+
+async def test_drain_rollouts_waits_for_a_call_still_being_checked(upstream: ScriptedOpenAIServer) -> None:
+    store = SlowGuardStore()
+    async with gateway_env([upstream.url], store=store) as env:
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient(timeout=10) as http:
+            call = asyncio.create_task(http.post(f"{base_url}/chat/completions", json=CHAT))
+            await asyncio.wait_for(store.checking.wait(), timeout=5)
+            assert await env.gateway.drain_rollouts([rollout.rollout_id], timeout_seconds=5)
+            await env.gateway.recorder.caught_up()
+            assert len(await env.store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL)) == 1
+            assert (await call).status_code == 200
+
+
+async def test_an_empty_or_unfinished_body_is_a_bad_request_and_goes_nowhere(
+    upstream: ScriptedOpenAIServer,
+) -> None:
+    async with gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient() as http:
+            empty = await http.post(f"{base_url}/chat/completions", content=b"")
+            assert empty.status_code == 400
+            assert empty.json()["error"]["code"] == "invalid_request"
+            messages = await http.post(f"{base_url}/messages", content=b"")
+            assert messages.status_code == 400
+            assert messages.json()["error"]["type"] == "invalid_request_error"
+        # An agent that goes away before its body has arrived: nothing is forwarded or recorded.
+        target = base_url.split("/", 3)[3]
+        _, writer = await asyncio.open_connection("127.0.0.1", int(env.url.rsplit(":", 1)[1]))
+        head = f"POST /{target}/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+        writer.write(head.encode())
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await asyncio.sleep(0.3)
+        await env.gateway.recorder.flushed()
+        assert await env.store.query_spans(rollout.rollout_id) == []
+    assert upstream.requests == []
 
 
 async def test_one_rollouts_calls_can_settle_while_anothers_stay_in_flight() -> None:

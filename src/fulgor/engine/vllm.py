@@ -6,9 +6,12 @@ stops answering, and reloads weights: a LoRA adapter through vLLM's runtime adap
 restart; clients then use the adapter's model name), full weights by restarting vLLM on the new
 checkpoint. Each reload makes ``model_version`` N+1.
 
-Clients ask for token ids per request with ``"return_token_ids": true`` (vLLM >= 0.10.2); the
-``--return-tokens-as-token-ids`` flag also writes every logprob token as ``token_id:N``, so ids can be
-recovered from older servers too. vLLM itself is never imported here; it only has to be on PATH.
+Clients ask for token ids per request with ``"return_token_ids": true`` (vLLM >= 0.10.2). Streamed
+chat with a tool or reasoning parser (the Hermes tool parser is on here) lost the ids and logprobs
+of the deltas the parser held back, so their lengths still agree (vLLM issue #27482, fixed by PR
+#29074). The gateway guards every version: it compares the ids with ``usage.completion_tokens``
+and flags a call whose counts differ ``token_ids_missing``, so it is never trained on. vLLM itself
+is never imported here; it only has to be on PATH.
 """
 
 from __future__ import annotations

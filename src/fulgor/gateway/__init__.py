@@ -19,6 +19,7 @@ from fulgor.gateway.errors import (
     RolloutNotFoundError,
     UnauthorizedError,
     UpstreamError,
+    UpstreamTimeoutError,
 )
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "UnauthorizedError",
     "Upstream",
     "UpstreamError",
+    "UpstreamTimeoutError",
     "create_gateway_app",
 ]

@@ -83,7 +83,10 @@ class Gateway:
             retry_backoff_seconds=config.retry_backoff_seconds,
         )
         self.recorder = Recorder(
-            store, queue_size=config.record_queue_size, batch_size=config.record_batch_size
+            store,
+            queue_size=config.record_queue_size,
+            batch_size=config.record_batch_size,
+            linger_seconds=config.record_linger_seconds,
         )
         self._guard = RolloutGuard(store, config.rollout_cache_seconds) if config.check_rollouts else None
         self._api_key = config.api_key.encode() if config.api_key else None
@@ -113,7 +116,8 @@ class Gateway:
         self._started = False
 
     def pause(self, retry_after_seconds: float | None = None) -> None:
-        """New calls get 429 with Retry-After; calls in flight go on (see :meth:`drain`)."""
+        """New calls, and calls not yet forwarded upstream, get 429 with Retry-After; calls already
+        forwarded go on (see :meth:`drain`)."""
         self.paused = True
         if retry_after_seconds is not None:
             self.retry_after_seconds = retry_after_seconds
@@ -253,25 +257,41 @@ class Gateway:
     async def _call(
         self, scope: Scope, receive: Receive, send: Send, rollout_id: str, attempt_id: str, route: str
     ) -> None:
+        self._refuse_if_paused()
+        # Counted in flight before the first await, so pause + drain (and drain_rollouts) wait for
+        # a call that is still checking its rollout, reading its body or waiting for a slot.
+        self._enter(rollout_id)
+        try:
+            await self._check_rollout(rollout_id, attempt_id)
+            request = _parse_object(await _read_body(receive), required=True)
+            is_anthropic = route == "messages"
+            upstream_request = anthropic.request_to_chat(request) if is_anthropic else request
+            record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
+            _read_call_headers(scope, record)
+            await self._reserve_unless_paused()
+            # Read after the last pause check: a call let through after resume() gets the new version.
+            record.model_version = self.model_version
+            try:
+                context = CallContext(record, is_anthropic, request.get("model"), receive, send)
+                await forward_call(self.upstreams, context)
+            finally:
+                self.recorder.submit(record)
+        finally:
+            self._leave(rollout_id)
+
+    async def _reserve_unless_paused(self) -> None:
+        """A recorder slot, then the pause check again: pause() may have come while the call was
+        being checked or waiting for the slot, and a paused call must not reach the engine."""
+        await self.recorder.reserve()
+        if self.paused:
+            self.recorder.unreserve()
+            self._refuse_if_paused()
+
+    def _refuse_if_paused(self) -> None:
         if self.paused:
             raise GatewayPausedError(
                 "the gateway is paused while weights update; retry later", self.retry_after_seconds
             )
-        await self._check_rollout(rollout_id, attempt_id)
-        request = _parse_object(await _read_body(receive))
-        is_anthropic = route == "messages"
-        upstream_request = anthropic.request_to_chat(request) if is_anthropic else request
-        record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
-        _read_call_headers(scope, record)
-        record.model_version = self.model_version
-        await self.recorder.reserve()
-        self._enter(rollout_id)
-        try:
-            context = CallContext(record, is_anthropic, request.get("model"), receive, send)
-            await forward_call(self.upstreams, context)
-        finally:
-            self.recorder.submit(record)
-            self._leave(rollout_id)
 
     def _enter(self, rollout_id: str) -> None:
         self.in_flight += 1
@@ -294,7 +314,7 @@ class Gateway:
     async def _admin_route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         self._authorize(scope)
         method = scope["method"]
-        body = _parse_object(await _read_body(receive)) if method == "POST" else {}
+        body = _parse_object(await _read_body(receive), required=False) if method == "POST" else {}
         if method == "GET" and path == "/gateway/state":
             pass
         elif method == "POST" and path == "/gateway/pause":
@@ -328,11 +348,15 @@ async def _read_body(receive: Receive) -> bytes:
     while message.get("more_body"):
         message = await receive()
         body += message.get("body", b"")
+    if message["type"] == "http.disconnect":
+        raise BadRequestError("the client went away before its request body arrived")
     return body
 
 
-def _parse_object(body: bytes) -> JsonDict:
+def _parse_object(body: bytes, *, required: bool) -> JsonDict:
     if not body:
+        if required:
+            raise BadRequestError("the request body is empty; send a JSON object")
         return {}
     try:
         parsed = orjson.loads(body)
@@ -370,23 +394,10 @@ async def _send_json(send: Send, status: int, payload: JsonDict) -> None:
 
 async def _send_error(send: Send, error: GatewayError, *, anthropic_api: bool) -> None:
     if anthropic_api:
-        payload: JsonDict = {
-            "type": "error",
-            "error": {"type": _anthropic_type(error.status), "message": error.message},
-        }
+        payload = anthropic.error_body(error.status, error.message)
     else:
         payload = {"error": {"code": error.code, "message": error.message, "type": error.code}}
     extra = []
     if isinstance(error, GatewayPausedError):
         extra.append((b"retry-after", str(max(1, math.ceil(error.retry_after_seconds))).encode()))
     await _send_bytes(send, error.status, orjson.dumps(payload), "application/json", extra)
-
-
-def _anthropic_type(status: int) -> str:
-    return {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        404: "not_found_error",
-        409: "invalid_request_error",
-        429: "rate_limit_error",
-    }.get(status, "api_error")

@@ -13,6 +13,7 @@ __all__ = [
     "RolloutNotFoundError",
     "UnauthorizedError",
     "UpstreamError",
+    "UpstreamTimeoutError",
 ]
 
 
@@ -74,3 +75,14 @@ class UpstreamError(GatewayError):
 
     code = "upstream_unavailable"
     status = 502
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The upstream took the call but did not answer within ``read_timeout_seconds``.
+
+    It is not retried: the engine may still be generating, and a retry elsewhere would run the
+    call twice and make the agent wait several timeouts.
+    """
+
+    code = "upstream_timeout"
+    status = 504

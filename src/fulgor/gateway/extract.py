@@ -5,7 +5,8 @@ the top and ``token_ids`` on each choice (streamed: ``prompt_token_ids`` on the 
 ``token_ids`` on every chunk); a text completion carries both on each choice. Logprobs come from
 OpenAI's ``logprobs`` (``content[].logprob`` for chat, ``token_logprobs`` for text). Whatever is
 absent stays None; the recorder then flags the call ``token_ids_missing``. Nothing here guesses
-ids from text.
+ids from text. A stream's ``usage`` chunk and an ``error`` chunk (sent when generation fails
+mid-stream) are kept on the :class:`StreamAccumulator` for the recorder's checks.
 """
 
 from __future__ import annotations
@@ -117,10 +118,13 @@ class StreamAccumulator:
         self._prompt_token_ids: list[int] | None = None
         self._head: JsonDict = {}
         self.usage: JsonDict | None = None
+        self.error: Any = None
 
     def add(self, chunk: JsonDict) -> None:
         if not self._head:
             self._head = {"id": chunk.get("id"), "model": chunk.get("model")}
+        if chunk.get("error"):
+            self.error = chunk["error"]
         if chunk.get("prompt_token_ids") is not None:
             self._prompt_token_ids = chunk["prompt_token_ids"]
         if chunk.get("usage"):

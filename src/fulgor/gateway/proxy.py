@@ -1,29 +1,35 @@
 """forward_call: one model call from the agent to the upstream and back, watched for disconnects.
 
-The request goes upstream with the token id request added (when the replica takes it); the answer
-goes back as the upstream's own bytes (OpenAI) or translated (Anthropic), whole or streamed chunk by
-chunk. What the agent received is kept on the :class:`~fulgor.gateway.recorder.CallRecord` for the
-recorder. While the call runs, a watcher waits for the agent to disconnect; if it does, the call is
-cancelled, which closes the upstream connection so the engine stops generating.
+The request goes upstream with the token id request added (when the replica takes it) and, for a
+stream, a request for its usage; the answer goes back as the upstream's own bytes (OpenAI) or
+translated (Anthropic), whole or streamed event by event. What the upstream sent is kept on the
+:class:`~fulgor.gateway.recorder.CallRecord` for the recorder. An answer that breaks off upstream
+is recorded as an error: a whole one is answered with 502 (504 on a timeout), a stream that has
+started ends with an error event the agent's SDK raises on. While the call runs, a watcher waits
+for the agent to disconnect; if it does, the call is cancelled, which closes the upstream
+connection so the engine stops generating.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from fulgor.gateway import anthropic
-from fulgor.gateway.errors import GatewayError
+from fulgor.gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
 from fulgor.gateway.extract import SseParser
 from fulgor.gateway.recorder import CallRecord
 from fulgor.gateway.upstreams import UpstreamPool, with_token_id_request
-from fulgor.net.http_client import HttpResponse
+from fulgor.net.http_client import HttpResponse, TransportError
 
 __all__ = ["CallContext", "forward_call"]
+
+JsonDict = dict[str, Any]
 
 _SUFFIXES = {"chat": "/chat/completions", "completions": "/completions"}
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -75,11 +81,7 @@ async def _watch_disconnect(context: CallContext, task: asyncio.Task[Any]) -> No
 async def _forward(pool: UpstreamPool, context: CallContext) -> None:
     record = context.record
     replica = pool.upstreams[pool.replica_for(record.rollout_id)]
-    request = (
-        with_token_id_request(record.request, record.endpoint)
-        if replica.request_token_ids
-        else record.request
-    )
+    request, strip_usage = _upstream_request(record, replica.request_token_ids)
     response, upstream = await pool.send(
         record.rollout_id, "POST", _SUFFIXES[record.endpoint], orjson.dumps(request)
     )
@@ -87,60 +89,199 @@ async def _forward(pool: UpstreamPool, context: CallContext) -> None:
     record.status = response.status
     try:
         if response.status == 200 and record.request.get("stream"):
-            await _stream(context, response)
+            await _stream(context, response, strip_usage)
         else:
             await _whole(context, response)
     finally:
         response.abort()
 
 
+def _upstream_request(record: CallRecord, request_token_ids: bool) -> tuple[JsonDict, bool]:
+    """The request as sent upstream, and whether the agent's stream must lose the usage chunk.
+
+    A stream is always asked for its usage, so the recorder can check the ids against
+    ``usage.completion_tokens``; when the agent did not ask for it, the usage-only chunk is taken
+    out of what the agent receives. ``continuous_usage_stats`` (vLLM) only works together with
+    ``include_usage``, so it is dropped when fulgor adds ``include_usage``: it had no effect.
+    """
+    request = with_token_id_request(record.request, record.endpoint) if request_token_ids else record.request
+    options = record.request.get("stream_options")
+    if not record.request.get("stream") or not (options is None or isinstance(options, dict)):
+        return request, False
+    if options is not None and options.get("include_usage"):
+        return request, False
+    kept = {key: value for key, value in (options or {}).items() if key != "continuous_usage_stats"}
+    return {**request, "stream_options": {**kept, "include_usage": True}}, True
+
+
 async def _whole(context: CallContext, response: HttpResponse) -> None:
-    body = context.record.body = await response.read()
+    try:
+        body = context.record.body = await response.read()
+    except OSError as error:
+        raise _broken_off(error) from None
+    status = response.status
     content_type = response.headers.get("content-type", "application/json")
     if context.is_anthropic:
-        body = _anthropic_body(response.status, body, context.model)
+        status, body = _anthropic_body(status, body, context.model, _stop_sequences(context.record))
         content_type = "application/json"
     headers = [
         (b"content-type", content_type.encode("latin-1")),
         (b"content-length", str(len(body)).encode()),
     ]
-    await context.send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await context.send({"type": "http.response.start", "status": status, "headers": headers})
     context.finishing = True
     await context.send({"type": "http.response.body", "body": body})
 
 
-def _anthropic_body(status: int, body: bytes, model: Any) -> bytes:
-    if status == 200:
-        return orjson.dumps(anthropic.message_from_chat(orjson.loads(body), model))
-    message = body[:2000].decode("utf-8", "replace")
-    return orjson.dumps({"type": "error", "error": {"type": "api_error", "message": f"upstream: {message}"}})
+def _broken_off(error: OSError) -> UpstreamError:
+    message = f"the upstream's answer broke off ({type(error).__name__}: {error})"
+    if isinstance(error, TransportError) and error.timed_out:
+        return UpstreamTimeoutError(f"{message}; raise read_timeout_seconds for long generations")
+    return UpstreamError(f"{message}; check the engine's log")
 
 
-async def _stream(context: CallContext, response: HttpResponse) -> None:
+def _anthropic_body(status: int, body: bytes, model: Any, stop_sequences: list[str]) -> tuple[int, bytes]:
+    parsed = _json_or_none(body)
+    if status != 200:
+        error = parsed.get("error") if isinstance(parsed, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        text = message if isinstance(message, str) else body[:2000].decode("utf-8", "replace")
+        return status, orjson.dumps(anthropic.error_body(status, f"upstream: {text}"))
+    if not isinstance(parsed, dict):
+        message = "upstream answered 200 with a body that is not a chat completion"
+        return 502, orjson.dumps(anthropic.error_body(502, message))
+    return 200, orjson.dumps(anthropic.message_from_chat(parsed, model, stop_sequences))
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _stop_sequences(record: CallRecord) -> list[str]:
+    # request_to_chat copied the Messages request's stop_sequences here, checked as strings.
+    stop = record.request.get("stop")
+    return stop if isinstance(stop, list) else []
+
+
+async def _stream(context: CallContext, response: HttpResponse, strip_usage: bool) -> None:
+    """Relay the stream; if it breaks off upstream, record the error and end the agent's stream
+    with an error event its SDK raises on, so a cut-short answer is never taken as whole."""
     send = context.send
+    record = context.record
     chunks: list[bytes] = []
-    context.record.stream_chunks = chunks
+    record.stream_chunks = chunks
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-    translator = _AnthropicTranslator(context.model) if context.is_anthropic else None
-    async for chunk in response.chunks():
-        chunks.append(chunk)
-        out = translator.feed(chunk) if translator is not None else chunk
-        if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
-    tail = translator.finish() if translator is not None else b""
+    relay: _Relay = (
+        _AnthropicRelay(context.model, _stop_sequences(record))
+        if context.is_anthropic
+        else _OpenAIRelay(strip_usage)
+    )
+    try:
+        async for chunk in response.chunks():
+            chunks.append(chunk)
+            out = relay.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            if relay.error is not None:
+                break
+        tail = relay.finish()
+    except OSError as error:
+        tail = relay.fail(f"the upstream stream broke off ({type(error).__name__}: {error})")
+    record.error = relay.error
     context.finishing = True
     await send({"type": "http.response.body", "body": tail})
 
 
-class _AnthropicTranslator:
-    def __init__(self, model: Any) -> None:
-        self._parser = SseParser()
-        self._stream = anthropic.AnthropicStream(model if isinstance(model, str) else None)
+class _Relay(Protocol):
+    @property
+    def error(self) -> str | None: ...
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def fail(self, message: str) -> bytes: ...
+
+
+class _OpenAIRelay:
+    """Passes the upstream's bytes on unchanged, one whole event at a time (so an error event can
+    always follow), without the usage-only chunk when fulgor asked for it and the agent did not."""
+
+    def __init__(self, strip_usage: bool) -> None:
+        self.error: str | None = None
+        self._strip_usage = strip_usage
+        self._buffer = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        return b"".join(
-            event for payload in self._parser.feed(chunk) for event in self._stream.events(payload)
-        )
+        buffer = self._buffer + chunk
+        end = _events_end(buffer)
+        self._buffer = buffer[end:]
+        return self._pass(buffer[:end])
+
+    def finish(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return self._pass(rest)
+
+    def fail(self, message: str) -> bytes:
+        # The openai SDK raises APIError on a data event with an "error" key.
+        self.error = message
+        self._buffer = b""
+        error = {"error": {"message": message, "type": "server_error", "code": UpstreamError.code}}
+        return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+
+    def _pass(self, events: bytes) -> bytes:
+        if not self._strip_usage or b'"usage"' not in events:
+            return events
+        parts = _EVENT_END.split(events)  # [event, separator, event, separator, ..., rest]
+        kept = [
+            parts[i] + (parts[i + 1] if i + 1 < len(parts) else b"")
+            for i in range(0, len(parts), 2)
+            if not _usage_only(parts[i])
+        ]
+        return b"".join(kept)
+
+
+_EVENT_END = re.compile(rb"(\r\n\r\n|\n\n)")
+
+
+def _events_end(buffer: bytes) -> int:
+    """Where the last complete server-sent event in ``buffer`` ends (0 when none has)."""
+    lf, crlf = buffer.rfind(b"\n\n"), buffer.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _usage_only(event: bytes) -> bool:
+    """True for the chunk that ``include_usage`` adds: usage and no choices."""
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            payload = _json_or_none(line[5:].strip())
+            return isinstance(payload, dict) and bool(payload.get("usage")) and not payload.get("choices")
+    return False
+
+
+class _AnthropicRelay:
+    """Translates chat chunks into Messages events; an upstream error chunk ends the stream."""
+
+    def __init__(self, model: Any, stop_sequences: list[str]) -> None:
+        self._parser = SseParser()
+        self._stream = anthropic.AnthropicStream(model if isinstance(model, str) else None, stop_sequences)
+
+    @property
+    def error(self) -> str | None:
+        return self._stream.error
+
+    def feed(self, chunk: bytes) -> bytes:
+        try:
+            payloads = self._parser.feed(chunk)
+        except orjson.JSONDecodeError as error:
+            return self.fail(f"the upstream sent an event that is not JSON ({error})")
+        return b"".join(event for payload in payloads for event in self._stream.events(payload))
 
     def finish(self) -> bytes:
         return b"".join(self._stream.finish())
+
+    def fail(self, message: str) -> bytes:
+        return b"" if self._stream.error is not None else self._stream.fail(message)

@@ -8,6 +8,11 @@ spans are written, so a slow store makes new calls wait for a slot (backpressure
 growing memory. A batch the store refuses is retried span by span, transient failures with
 backoff; a span that still cannot be written is counted in ``dropped`` and logged with its rollout
 and attempt ids, never lost silently.
+
+A call becomes training data only when its ids can be trusted: a call with ids missing, or with
+fewer or more response ids than the upstream's ``usage.completion_tokens``, is flagged
+``token_ids_missing``; a streamed choice that never got a ``finish_reason`` and a stream that
+carried an error chunk are recorded as errors, without ids.
 """
 
 from __future__ import annotations
@@ -84,13 +89,13 @@ class Recorder:
         max_write_attempts: int = 5,
     ) -> None:
         self._store = store
-        self._linger = linger_seconds
+        self.linger_seconds = linger_seconds
         self._slots = asyncio.Semaphore(queue_size)
         self._queue: asyncio.Queue[CallRecord] = asyncio.Queue()
         self._batch_size = batch_size
         self._max_write_attempts = max_write_attempts
         self._task: asyncio.Task[None] | None = None
-        self._missing_warned: set[str | None] = set()
+        self._missing_warned: set[tuple[str | None, bool]] = set()
         self._submitted = 0
         self._handled = 0
         self._batch_handled = asyncio.Event()
@@ -101,8 +106,13 @@ class Recorder:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="fulgor-gateway-recorder")
 
     async def reserve(self) -> None:
-        """Wait for a free slot; every reserve is followed by exactly one :meth:`submit`."""
+        """Wait for a free slot; every reserve is followed by exactly one :meth:`submit` or
+        :meth:`unreserve`."""
         await self._slots.acquire()
+
+    def unreserve(self) -> None:
+        """Give a reserved slot back without a record (the call was refused before it went out)."""
+        self._slots.release()
 
     def submit(self, record: CallRecord) -> None:
         self.stats.pending += 1
@@ -140,8 +150,8 @@ class Recorder:
     async def _run(self) -> None:
         while True:
             records = [await self._queue.get()]
-            if self._linger and self._queue.qsize() < self._batch_size - 1:
-                await asyncio.sleep(self._linger)
+            if self.linger_seconds and self._queue.qsize() < self._batch_size - 1:
+                await asyncio.sleep(self.linger_seconds)
             while len(records) < self._batch_size and not self._queue.empty():
                 records.append(self._queue.get_nowait())
             try:
@@ -171,41 +181,74 @@ class Recorder:
 
     def spans_for(self, record: CallRecord) -> list[Span]:
         """The spans of one call: one per sampled choice, or one that records the error."""
-        choices = _choices(record) if record.error is None else []
-        if not choices:
-            error = record.error or _error_text(record)
+        parsed = _parse(record) if record.error is None else _Parsed()
+        error = record.error or parsed.error
+        if error is not None or not parsed.choices:
+            error = error or _error_text(record)
             return [self._span(record, ModelCall(request=record.request, response={}, error=error), 0)]
-        calls = [self._model_call(record, choice) for choice in choices]
+        counts = _ids_against_usage(parsed)
+        calls = [
+            self._model_call(record, choice, streamed=parsed.streamed, counts=counts)
+            for choice in parsed.choices
+        ]
         return [self._span(record, call, index) for index, call in enumerate(calls)]
 
-    def _model_call(self, record: CallRecord, choice: ChoiceRecord) -> ModelCall:
-        missing = choice.prompt_token_ids is None or choice.response_token_ids is None
+    def _model_call(
+        self, record: CallRecord, choice: ChoiceRecord, *, streamed: bool, counts: tuple[int, int] | None
+    ) -> ModelCall:
+        """``counts`` is (ids returned, usage.completion_tokens) when the call's ids disagree with
+        its usage."""
+        common: JsonDict = {
+            "request": record.request,
+            "response": choice.response,
+            "engine_replica": record.replica,
+            "model_version": choice.model_version or record.model_version,
+            "latency_seconds": record.latency_seconds,
+            "agent_name": record.agent_name,
+        }
+        if streamed and choice.response.get("finish_reason") is None:
+            # Recorded as an error, not as token_ids_missing: the upstream did return ids, but the
+            # stream stopped before the choice did, so its ids are a cut-off sample. It is a failed
+            # call (the agent did not get a whole answer either), and token_ids_missing would
+            # blame the upstream's id support in the stats and the warning. No ids are kept, so it
+            # never becomes training data.
+            return ModelCall(**common, error=_UNFINISHED)
+        missing = counts is not None or choice.prompt_token_ids is None or choice.response_token_ids is None
         logprobs = choice.response_logprobs
         if missing or (logprobs is not None and len(logprobs) != len(choice.response_token_ids or ())):
             logprobs = None
         if missing:
-            self._note_missing(record.replica)
+            self._note_missing(record.replica, counts)
         return ModelCall(
-            request=record.request,
-            response=choice.response,
+            **common,
             prompt_token_ids=None if missing else choice.prompt_token_ids,
             response_token_ids=None if missing else choice.response_token_ids,
             response_logprobs=logprobs,
             token_ids_missing=missing,
-            engine_replica=record.replica,
-            model_version=choice.model_version or record.model_version,
-            latency_seconds=record.latency_seconds,
-            agent_name=record.agent_name,
         )
 
-    def _note_missing(self, replica: str | None) -> None:
+    def _note_missing(self, replica: str | None, counts: tuple[int, int] | None) -> None:
+        """Count a call flagged ``token_ids_missing``; warn once per replica and cause. ``counts``
+        is (ids returned, usage.completion_tokens) when the ids disagree with the usage."""
         self.stats.token_ids_missing += 1
-        if replica not in self._missing_warned:
-            self._missing_warned.add(replica)
+        key = (replica, counts is not None)
+        if key in self._missing_warned:
+            return
+        self._missing_warned.add(key)
+        if counts is None:
             logger.warning(
                 "upstream %s returned no token ids; its calls are recorded with token_ids_missing and "
                 "will not be trained on (serve with vLLM >= 0.10.2 or fulgor's engine)",
                 replica,
+            )
+        else:
+            logger.warning(
+                "upstream %s returned %d response token ids where its usage counts %d completion "
+                "tokens; such calls are recorded with token_ids_missing and will not be trained on "
+                "(vLLM's tool and reasoning parsers dropped ids of held-back deltas in streams, "
+                "vLLM issue #27482; upgrade vLLM or fulgor's engine)",
+                replica,
+                *counts,
             )
 
     def _span(self, record: CallRecord, call: ModelCall, index: int) -> Span:
@@ -278,20 +321,58 @@ class Recorder:
                 delay *= 2
 
 
-def _choices(record: CallRecord) -> list[ChoiceRecord]:
+_UNFINISHED = (
+    "the stream ended before this choice finished (no finish_reason); its token ids are incomplete "
+    "and it is not trained on"
+)
+
+
+@dataclass
+class _Parsed:
+    """What a response says: its choices, its usage and, for a stream, any error chunk."""
+
+    choices: list[ChoiceRecord] = field(default_factory=list)
+    usage: Any = None
+    error: str | None = None
+    streamed: bool = False
+
+
+def _parse(record: CallRecord) -> _Parsed:
     if record.status != 200:
-        return []
+        return _Parsed()
     if record.stream_chunks is not None:
         parser = SseParser()
         accumulator = StreamAccumulator(record.endpoint)
         for chunk in record.stream_chunks:
             for event in parser.feed(chunk):
                 accumulator.add(event)
-        return accumulator.records()
-    if not record.body:
-        return []
-    body = orjson.loads(record.body)
-    return choices_from_body(record.endpoint, body) if isinstance(body, dict) else []
+        error = None if accumulator.error is None else f"upstream error mid-stream: {accumulator.error}"
+        return _Parsed(accumulator.records(), accumulator.usage, error, streamed=True)
+    try:
+        body = orjson.loads(record.body or b"null")
+    except orjson.JSONDecodeError:
+        return _Parsed()  # recorded as "no choices"
+    if not isinstance(body, dict):
+        return _Parsed()
+    return _Parsed(choices_from_body(record.endpoint, body), body.get("usage"))
+
+
+def _ids_against_usage(parsed: _Parsed) -> tuple[int, int] | None:
+    """(ids returned, usage.completion_tokens) when they differ, else None.
+
+    Ids can go missing with their logprobs, so the two lengths still agree: vLLM's streamed chat
+    with a tool or reasoning parser dropped both for the deltas the parser held back (vLLM issue
+    #27482, fixed by PR #29074). The usage counts every sampled token. With n > 1 it counts all
+    choices together, so the sum is compared and a mismatch flags every choice of the call.
+    """
+    expected = parsed.usage.get("completion_tokens") if isinstance(parsed.usage, dict) else None
+    if not isinstance(expected, int) or isinstance(expected, bool):
+        return None
+    ids = [choice.response_token_ids for choice in parsed.choices]
+    if any(choice_ids is None for choice_ids in ids):
+        return None
+    returned = sum(len(choice_ids or ()) for choice_ids in ids)
+    return None if returned == expected else (returned, expected)
 
 
 def _error_text(record: CallRecord) -> str:

@@ -3,7 +3,9 @@
 All calls of one rollout go to one replica (the rollout id hashed over the replicas), so a
 multi-turn agent reuses that replica's prefix cache. A connection failure moves the call to the
 next replica; a 429/502/503/504 answer is retried on the same one; both wait
-``retry_backoff_seconds``, doubled after every try, up to ``max_retries`` retries.
+``retry_backoff_seconds``, doubled after every try, up to ``max_retries`` retries. A replica that
+took the request but did not answer within the read timeout is not retried anywhere
+(:class:`~fulgor.gateway.errors.UpstreamTimeoutError`): it may still be generating.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fulgor.gateway.config import Upstream
-from fulgor.gateway.errors import UpstreamError
-from fulgor.net.http_client import HttpClient, HttpResponse
+from fulgor.gateway.errors import UpstreamError, UpstreamTimeoutError
+from fulgor.net.http_client import HttpClient, HttpResponse, TransportError
 
 __all__ = ["UpstreamPool", "with_token_id_request"]
 
@@ -74,6 +76,11 @@ class UpstreamPool:
                 )
             except OSError as error:
                 last_error = f"{upstream.url}: {type(error).__name__}: {error}"
+                if _timed_out_after_sending(error):
+                    raise UpstreamTimeoutError(
+                        f"{last_error}; the call is not retried, as the engine may still be generating "
+                        "(raise read_timeout_seconds for long generations)"
+                    ) from None
                 index += 1
             else:
                 if response.status not in _RETRY_STATUSES or attempt == self._max_retries:
@@ -88,6 +95,13 @@ class UpstreamPool:
             f"no upstream answered after {self._max_retries + 1} tries (last: {last_error}); "
             "check that the engine is running at the upstream URL"
         )
+
+
+def _timed_out_after_sending(error: OSError) -> bool:
+    """True for a response that did not come in time, False for a connection that could not be
+    made (safe to send elsewhere). HttpClient raises the first from the TimeoutError it caught and
+    the second ``from None``."""
+    return isinstance(error, TransportError) and error.timed_out and isinstance(error.__cause__, TimeoutError)
 
 
 def _headers(upstream: Upstream) -> str:

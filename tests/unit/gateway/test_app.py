@@ -25,6 +25,12 @@ def test_config_values_are_checked() -> None:
         GatewayConfig(record_queue_size=0)
 
 
+def test_the_recorder_takes_its_settings_from_the_config() -> None:
+    config = GatewayConfig(record_linger_seconds=0.5)
+    gateway = create_gateway_app(MemoryStore(), ["http://127.0.0.1:1/v1"], config)
+    assert gateway.recorder.linger_seconds == 0.5
+
+
 def test_sticky_replica_is_stable() -> None:
     gateway = create_gateway_app(MemoryStore(), ["http://a:1/v1", "http://b:1/v1", "http://c:1/v1"])
     picks = {gateway.upstreams.replica_for(f"rollout-{i}") for i in range(50)}

@@ -1,4 +1,4 @@
-"""The recorder: spans per choice, error calls, stores that refuse or fail."""
+"""The recorder: spans per choice, error calls, ids it cannot trust, stores that refuse or fail."""
 
 from __future__ import annotations
 
@@ -14,15 +14,24 @@ from fulgor.store.memory import MemoryStore
 from fulgor.types import ModelCall, RolloutRequest, Span
 
 
-def chat_body(*choices: list[int]) -> bytes:
-    return json.dumps(
-        {
-            "prompt_token_ids": [1, 2],
-            "choices": [
-                {"index": i, "message": {"content": "x"}, "token_ids": ids} for i, ids in enumerate(choices)
-            ],
-        }
-    ).encode()
+def chat_body(*choices: list[int], completion_tokens: int | None = None) -> bytes:
+    body: dict[str, object] = {
+        "prompt_token_ids": [1, 2],
+        "choices": [
+            {"index": i, "message": {"content": "x"}, "token_ids": ids} for i, ids in enumerate(choices)
+        ],
+    }
+    if completion_tokens is not None:
+        body["usage"] = {"prompt_tokens": 2, "completion_tokens": completion_tokens}
+    return json.dumps(body).encode()
+
+
+def sse(*payloads: object) -> list[bytes]:
+    return [b"data: " + json.dumps(p).encode() + b"\n\n" for p in payloads] + [b"data: [DONE]\n\n"]
+
+
+def calls_of(spans: list[Span]) -> list[ModelCall]:
+    return [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
 
 
 def record(body: bytes | None, status: int = 200, error: str | None = None) -> CallRecord:
@@ -35,6 +44,56 @@ def test_one_span_per_choice() -> None:
     assert [c.response_token_ids for c in calls] == [[3], [4, 5]]
     assert all(s.name == semconv.SPAN_MODEL_CALL for s in spans)
     assert spans[0].resource[semconv.RESOURCE_ROLLOUT_ID] == "r"
+
+
+def test_ids_that_disagree_with_the_usage_are_not_trusted() -> None:
+    # vLLM issue #27482: a tool parser dropped ids and logprobs together, so only usage tells.
+    recorder = Recorder(MemoryStore())
+    [short] = calls_of(recorder.spans_for(record(chat_body([3, 4], completion_tokens=5))))
+    assert short.token_ids_missing
+    assert short.response_token_ids is None
+    assert recorder.stats.token_ids_missing == 1
+    # n > 1: usage counts every choice together.
+    calls = calls_of(recorder.spans_for(record(chat_body([3], [4, 5], completion_tokens=3))))
+    assert [c.response_token_ids for c in calls] == [[3], [4, 5]]
+    assert not any(c.token_ids_missing for c in calls)
+
+
+def test_a_streamed_usage_mismatch_is_flagged_too() -> None:
+    call = record(None)
+    call.stream_chunks = sse(
+        {"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [7]}]},
+        {"choices": [{"index": 0, "delta": {}, "token_ids": [], "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 4}},
+    )
+    [recorded] = calls_of(Recorder(MemoryStore()).spans_for(call))
+    assert recorded.token_ids_missing
+    assert recorded.response["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_choice_without_a_finish_reason_is_an_error_without_ids() -> None:
+    call = record(None)
+    call.stream_chunks = sse(
+        {"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [7]}]},
+    )
+    [span] = Recorder(MemoryStore()).spans_for(call)
+    [recorded] = calls_of([span])
+    assert recorded.error is not None
+    assert "no finish_reason" in recorded.error
+    assert recorded.response_token_ids is None
+    assert span.status.code == "error"
+
+
+def test_a_stream_that_carried_an_error_chunk_is_an_error() -> None:
+    call = record(None)
+    call.stream_chunks = sse(
+        {"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [7]}]},
+        {"error": {"message": "generation failed", "type": "server_error"}},
+    )
+    [recorded] = calls_of(Recorder(MemoryStore()).spans_for(call))
+    assert recorded.error is not None
+    assert "generation failed" in recorded.error
+    assert recorded.response_token_ids is None
 
 
 def test_an_upstream_error_is_recorded_as_an_error_call() -> None:
