@@ -13,6 +13,7 @@ __all__ = [
     "NotFoundError",
     "PortInUseError",
     "StoreError",
+    "StoreUnavailableError",
     "ValidationError",
 ]
 
@@ -58,6 +59,15 @@ class StoreError(FulgorError):
     """Base of the store's errors."""
 
     code = "store_error"
+
+
+class StoreUnavailableError(StoreError):
+    """The store's database cannot be reached or dropped the connection; retrying may succeed.
+
+    Servers answer it with 503 (never remembered for an ``Idempotency-Key``), which clients retry.
+    """
+
+    code = "store_unavailable"
 
 
 class NotFoundError(StoreError):

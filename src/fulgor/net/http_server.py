@@ -69,14 +69,18 @@ async def serve_http(
     """Start serving on ``host:port`` (0 picks a free port); the caller closes the server."""
 
     async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Nobody awaits this task: asyncio's callback on it reports a cancelled one as "Exception in
+        # callback" (Python 3.11), so cancellation (the loop shutting down) ends it quietly instead.
         try:
             while await _serve_one(handler, reader, writer, max_body_bytes):
                 pass
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:
+            pass
         finally:
             writer.close()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await writer.wait_closed()
 
     return await asyncio.start_server(on_connection, host, port, limit=2**24)

@@ -253,8 +253,12 @@ class Runner:
     async def _heartbeat_loop(self) -> None:
         while True:
             try:
+                # Only the attempts this runner runs: one it never heard of (a claim whose answer
+                # was lost) is left to the watchdog, which retries it.
                 await self.store.heartbeat(
-                    self.worker_id, {"active": len(self._active), "completed": self.completed}
+                    self.worker_id,
+                    {"active": len(self._active), "completed": self.completed},
+                    attempt_ids=list(self._active),
                 )
                 await self._stop_ended_attempts()
             except FulgorError as failure:

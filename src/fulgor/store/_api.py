@@ -35,7 +35,6 @@ ATTEMPT_HEADER: Final = "X-Fulgor-Attempt-Id"
 WorkerId = Annotated[str, Field(min_length=1, max_length=256)]
 # Pages beyond 2**53 cannot exist, and larger numbers overflow database integers.
 MAX_PAGE = 2**53
-NonEmpty = Annotated[str, Field(min_length=1)]
 
 
 class _Body(BaseModel):
@@ -55,7 +54,10 @@ class ClaimBody(_Body):
     worker_id: WorkerId
     limit: int = Field(default=1, ge=1, le=10_000)
     wait_seconds: float = Field(
-        default=0, ge=0, description="Held server-side up to the server's cap; clients loop for longer."
+        default=0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Held server-side up to the server's cap; clients loop for longer.",
     )
 
 
@@ -85,12 +87,19 @@ class PutResourcesBody(_Body):
 class HeartbeatBody(_Body):
     worker_id: WorkerId
     stats: JsonDict | None = None
+    attempt_ids: list[str] | None = Field(
+        default=None,
+        description="Refresh only these live attempts of the worker (those it is running); the "
+        "others are left to the unresponsive watchdog. Omit to refresh every live attempt it owns.",
+    )
 
 
 class WaitBody(_Body):
     rollout_ids: list[str]
     timeout_seconds: float = Field(
-        ge=0, description="Held server-side up to the server's cap; clients loop for longer."
+        ge=0,
+        allow_inf_nan=False,
+        description="Held server-side up to the server's cap; clients loop for longer.",
     )
 
 
@@ -98,7 +107,7 @@ class QueryRolloutsParams(_Body):
     status: list[RolloutStatus | Literal[""]] | None = Field(
         default=None, description="Repeat for several statuses; one empty value alone matches nothing."
     )
-    group_id: NonEmpty | None = None
+    group_id: str | None = None
     mode: RolloutMode | None = None
     limit: int | None = Field(default=None, ge=0, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_PAGE)
@@ -106,14 +115,14 @@ class QueryRolloutsParams(_Body):
 
 
 class QuerySpansParams(_Body):
-    attempt_id: NonEmpty | None = Field(default=None, description="An attempt id, or 'latest'.")
-    name: NonEmpty | None = None
+    attempt_id: str | None = Field(default=None, description="An attempt id, or 'latest'.")
+    name: str | None = None
     limit: int | None = Field(default=None, ge=0, le=MAX_PAGE)
     offset: int = Field(default=0, ge=0, le=MAX_PAGE)
 
 
 class GetResourcesParams(_Body):
-    resources_id: NonEmpty | None = Field(default=None, description="Omit for the latest version.")
+    resources_id: str | None = Field(default=None, description="Omit for the latest version.")
 
 
 class ErrorDetail(_Body):

@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from fulgor.errors import ConfigError, StoreError, ValidationError
+from fulgor.errors import ConfigError, StoreUnavailableError, ValidationError
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -168,7 +168,8 @@ class Database:
     async def connection(self) -> AsyncIterator[Connection]:
         """A pooled connection (opening the database first if needed).
 
-        Failures of the server or the network become StoreError.
+        Failures of the server or the network become StoreUnavailableError (servers answer 503, which
+        clients retry).
         """
         self._check_open()
         if self._pool is None:
@@ -181,7 +182,7 @@ class Database:
             async with pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as error:
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"PostgreSQL at {self.where()} failed: {error}; "
                 "check that the server is running and reachable"
             ) from error
@@ -227,7 +228,7 @@ class Database:
                 self._conninfo, autocommit=True, connect_timeout=max(1, round(self._connect_timeout_seconds))
             )
         except psycopg.Error as error:
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {self.where()}: {error}; "
                 "check the store URL and that the server is running"
             ) from error
@@ -283,7 +284,7 @@ class Database:
             await pool.open(wait=True, timeout=self._connect_timeout_seconds)
         except PoolTimeout as error:
             await pool.close()
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot open connections to PostgreSQL at {self.where()}: {error}; "
                 "check the server's max_connections"
             ) from error
@@ -317,7 +318,7 @@ class Database:
             tries += 1
             try:
                 conn = await self._connect()
-            except StoreError as error:
+            except StoreUnavailableError as error:
                 logger.warning("%s (try %d)", error, tries)
                 continue
             try:

@@ -59,25 +59,81 @@ def check_json(value: Any, field: str) -> str:
         raise ValidationError(f"{field} must be JSON-serialisable: {error}") from error
 
 
+def check_text(value: Any, field: str) -> None:
+    """An id or a name: a string without NUL characters (PostgreSQL's text cannot hold one)."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{field} must be a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValidationError(f"{field} must not contain NUL characters")
+
+
+def check_ids(values: Sequence[str], field: str) -> None:
+    """A list of ids, each checked as by :func:`check_text`."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise ValidationError(f"{field} must be a list of ids, got {type(values).__name__}")
+    for index, value in enumerate(values):
+        check_text(value, f"{field}[{index}]")
+
+
+def check_seconds(value: float, field: str) -> None:
+    """A duration: a finite number, zero or more (NaN would pass ``< 0`` and never run out)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValidationError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+
+
 def check_requests(requests: Sequence[RolloutRequest]) -> None:
     for index, request in enumerate(requests):
         if not isinstance(request, RolloutRequest):
             raise ValidationError(f"requests[{index}] must be a RolloutRequest, got {type(request).__name__}")
         check_json(request.input, f"requests[{index}].input")
         check_json(request.metadata, f"requests[{index}].metadata")
+        for field in ("group_id", "resources_id"):
+            value = getattr(request, field)
+            if value is not None:
+                check_text(value, f"requests[{index}].{field}")
 
 
 def check_worker_id(worker_id: str) -> None:
     if not isinstance(worker_id, str) or not worker_id or len(worker_id) > 256:
         raise ValidationError("worker_id must be a non-empty string of at most 256 characters")
+    check_text(worker_id, "worker_id")
 
 
 def check_claim_args(worker_id: str, limit: int, wait_seconds: float) -> None:
     check_worker_id(worker_id)
-    if not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError(f"limit must be a positive integer, got {limit!r}")
-    if wait_seconds < 0:
-        raise ValidationError(f"wait_seconds must be >= 0, got {wait_seconds!r}")
+    check_seconds(wait_seconds, "wait_seconds")
+
+
+def check_heartbeat(worker_id: str, stats: JsonDict | None, attempt_ids: Sequence[str] | None) -> None:
+    check_worker_id(worker_id)
+    if stats is not None:
+        check_json(stats, "stats")
+    if attempt_ids is not None:
+        check_ids(attempt_ids, "attempt_ids")
+
+
+def check_attempt_update(
+    status: AttemptStatus | None, error: str | None, metadata: JsonDict | None
+) -> tuple[str | None, JsonDict | None]:
+    """Check ``update_attempt``'s inputs; returns ``error`` and ``metadata`` as every backend stores them.
+
+    An error is free text from whatever failed, so a NUL in it becomes U+FFFD rather than losing the
+    report (PostgreSQL's text cannot hold NUL); metadata comes back as JSON gives it (lists, not tuples).
+    """
+    if status is not None and not isinstance(status, str):
+        raise ValidationError(f"status must be an attempt status string, got {type(status).__name__}")
+    if error is not None:
+        if not isinstance(error, str):
+            raise ValidationError(f"error must be a string, got {type(error).__name__}")
+        error = error.replace("\x00", "\ufffd")
+    if metadata is None:
+        return error, None
+    if not isinstance(metadata, dict):
+        raise ValidationError(f"metadata must be a JSON object (a dict), got {type(metadata).__name__}")
+    normalised: JsonDict = json.loads(check_json(metadata, "metadata"))
+    return error, normalised
 
 
 def check_page(limit: int | None, offset: int, order: str = "asc") -> None:
@@ -89,18 +145,38 @@ def check_page(limit: int | None, offset: int, order: str = "asc") -> None:
         raise ValidationError(f"offset must be between 0 and {_MAX_PAGE}, got {offset!r}")
 
 
+def check_span_query(
+    rollout_id: str, attempt_id: str | None, name: str | None, limit: int | None, offset: int
+) -> None:
+    check_page(limit, offset)
+    check_text(rollout_id, "rollout_id")
+    if attempt_id is not None:
+        check_text(attempt_id, "attempt_id")
+    if name is not None:
+        check_text(name, "name")
+
+
 def check_spans(spans: Sequence[Span]) -> None:
     for index, span in enumerate(spans):
         if not isinstance(span, Span):
             raise ValidationError(f"spans[{index}] must be a Span, got {type(span).__name__}")
+        for field in ("rollout_id", "attempt_id", "trace_id", "span_id", "parent_id", "name"):
+            value = getattr(span, field)
+            if value is not None:
+                check_text(value, f"spans[{index}].{field}")
         check_json(span.attributes, f"spans[{index}].attributes")
         check_json(span.resource, f"spans[{index}].resource")
         for event_index, event in enumerate(span.events):
             check_json(event.attributes, f"spans[{index}].events[{event_index}].attributes")
-        for field in ("start_time", "end_time"):
-            value = getattr(span, field)
-            if value is not None and not math.isfinite(value):
-                raise ValidationError(f"spans[{index}].{field} must be a finite number, got {value!r}")
+            _check_time(event.time, f"spans[{index}].events[{event_index}].time")
+        _check_time(span.start_time, f"spans[{index}].start_time")
+        if span.end_time is not None:
+            _check_time(span.end_time, f"spans[{index}].end_time")
+
+
+def _check_time(value: float, field: str) -> None:
+    if not math.isfinite(value):
+        raise ValidationError(f"{field} must be a finite number, got {value!r}")
 
 
 def check_resources(resources: Resources, resources_id: str | None) -> None:
@@ -108,6 +184,8 @@ def check_resources(resources: Resources, resources_id: str | None) -> None:
         not isinstance(resources_id, str) or not resources_id or len(resources_id) > 256
     ):
         raise ValidationError("resources_id must be a non-empty string of at most 256 characters, or None")
+    if resources_id is not None:
+        check_text(resources_id, "resources_id")
     if not isinstance(resources, dict):
         raise ValidationError(
             f"resources must be a dict of name -> LLM | PromptTemplate, got {type(resources).__name__}"
@@ -115,6 +193,8 @@ def check_resources(resources: Resources, resources_id: str | None) -> None:
     for name, resource in resources.items():
         if not isinstance(name, str) or not isinstance(resource, LLM | PromptTemplate):
             raise ValidationError(f"resources[{name!r}] must be an LLM or a PromptTemplate keyed by a string")
+        if isinstance(resource, LLM):
+            check_json(resource.sampling_parameters, f"resources[{name!r}].sampling_parameters")
 
 
 def statuses_filter(status: str | Sequence[str] | None) -> frozenset[str] | None:

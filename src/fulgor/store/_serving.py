@@ -8,9 +8,9 @@ the app (:mod:`fulgor.store.server`) use these pieces; nothing here knows a stor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
-import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,7 +21,13 @@ import pydantic
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.errors import (
+    FulgorError,
+    InvalidTransitionError,
+    NotFoundError,
+    StoreUnavailableError,
+    ValidationError,
+)
 from fulgor.store import _api as api
 from fulgor.store.base import Store
 
@@ -70,6 +76,8 @@ def status_for(error: FulgorError) -> int:
         return 413
     if isinstance(error, UnsupportedMediaTypeError):
         return 415
+    if isinstance(error, StoreUnavailableError):
+        return 503  # the database is down or unreachable: worth a retry, and never remembered
     return 400
 
 
@@ -239,20 +247,20 @@ class Draining:
     """Set when the server starts to shut down, so long-polls answer at once instead of holding it up.
 
     Works across event loops and threads: ``begin`` may be called from a signal handler or another
-    thread, and wakes every held request on whichever loop it waits.
+    thread, and wakes every held request on whichever loop it waits. It takes no lock, so a signal
+    landing anywhere in :meth:`hold` cannot deadlock: ``hold`` registers its waiter before it reads
+    the flag and ``begin`` sets the flag before it reads the waiters, so one of them always sees
+    the other (each step is one atomic operation under the GIL).
     """
 
     def __init__(self) -> None:
         self._begun = False
-        self._lock = threading.Lock()
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
 
     def begin(self) -> None:
-        with self._lock:
-            self._begun = True
-            waiters, self._waiters = self._waiters, set()
-        for loop, future in waiters:
-            if not loop.is_closed():
+        self._begun = True
+        for loop, future in self._waiters.copy():
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile: nothing waits there
                 loop.call_soon_threadsafe(_resolve, future)
 
     @property
@@ -263,11 +271,9 @@ class Draining:
         """``work``'s result, or ``fallback()``'s when draining begins first (``work`` is cancelled)."""
         loop = asyncio.get_running_loop()
         drained: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            if self._begun:
-                drained.set_result(None)
-            else:
-                self._waiters.add((loop, drained))
+        self._waiters.add((loop, drained))
+        if self._begun:
+            _resolve(drained)
         task = asyncio.ensure_future(work)
         either: set[asyncio.Future[Any]] = {task, drained}
         try:
@@ -276,8 +282,7 @@ class Draining:
             task.cancel()
             raise
         finally:
-            with self._lock:
-                self._waiters.discard((loop, drained))
+            self._waiters.discard((loop, drained))
         if not task.done():
             task.cancel()
             await asyncio.wait({task})

@@ -42,6 +42,7 @@ ERROR_STATUSES = {
     "409": "Impossible status change (code invalid_transition)",
     "413": "Request body too large",
     "422": "Body or query fails validation; the message names the field",
+    "503": "The store's database is unavailable (code store_unavailable); retry later",
 }
 SCHEMA_REF = "#/components/schemas/{model}"
 
@@ -165,7 +166,8 @@ async def _get_resources(call: Call[api.GetResourcesParams]) -> bytes:
 
 
 async def _heartbeat(call: Call[api.HeartbeatBody]) -> bytes:
-    return api.WORKER.dump_json(await call.store.heartbeat(call.input.worker_id, call.input.stats))
+    body = call.input
+    return api.WORKER.dump_json(await call.store.heartbeat(body.worker_id, body.stats, body.attempt_ids))
 
 
 async def _list_workers(call: Call[_Empty]) -> bytes:
@@ -286,7 +288,8 @@ class StoreAPI:
 
 
 def _pattern(path: str) -> re.Pattern[str]:
-    return re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", path))
+    # An empty id is still an id: the store answers it (not_found), as it does for local callers.
+    return re.compile(re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]*)", path))
 
 
 Endpoint = Callable[[Scope, Receive, dict[str, str]], Awaitable[serving.Answer]]

@@ -38,9 +38,13 @@ Semantics every backend keeps:
 * ``claim`` is FIFO over queued rollouts and gives each to exactly one caller, also across
   processes sharing one backend. ``claim(wait_seconds=...)`` and ``wait`` sleep on events
   (a notification when the queue or a status changes), not on polling loops.
-* A missing id raises :class:`~fulgor.errors.NotFoundError`; an impossible status change raises
-  :class:`~fulgor.errors.InvalidTransitionError` naming both statuses; an invalid payload raises
-  :class:`~fulgor.errors.ValidationError` naming the field. A call that raises writes nothing.
+* A missing id (the empty string too) raises :class:`~fulgor.errors.NotFoundError`; an
+  impossible status change raises :class:`~fulgor.errors.InvalidTransitionError` naming both
+  statuses; an invalid payload raises :class:`~fulgor.errors.ValidationError` naming the field
+  (ids and names containing NUL characters, non-finite times and durations are invalid). A call
+  that raises writes nothing. A database that cannot be reached raises
+  :class:`~fulgor.errors.StoreUnavailableError` (worth retrying; one raised while committing
+  cannot tell whether the commit happened).
 * Span sequence ids are allocated by the store, strictly increasing within an attempt and
   starting at 1. Re-adding a span whose ``span_id`` the attempt already holds returns the stored
   span and writes nothing, so retried adds never duplicate.
@@ -137,7 +141,8 @@ class Store(Protocol):
         """Change an attempt's status (following the attempt state machine), error or metadata.
 
         Any update counts as activity for the unresponsive watchdog. Ending the latest attempt
-        ends, requeues or fails its rollout as the rollout state machine says.
+        ends, requeues or fails its rollout as the rollout state machine says. ``metadata`` must be a
+        JSON object (merged into the attempt's); a NUL character in ``error`` is stored as U+FFFD.
         """
         ...
 
@@ -174,8 +179,17 @@ class Store(Protocol):
         """Resources by id (NotFoundError if unknown), or the latest (None when none exist yet)."""
         ...
 
-    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        """Record that a worker is alive; counts as activity for each live attempt it owns."""
+    async def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        """Record that a worker is alive; counts as activity for its live attempts.
+
+        With ``attempt_ids`` (a list), only those of the worker's live attempts are refreshed: a
+        worker names the attempts it is running, so one it never heard of (a claim whose answer was
+        lost and whose retry reached another server claimed twice) goes unresponsive after
+        ``unresponsive_seconds`` and is retried as ``max_attempts`` allows. Ids that are not live
+        attempts of this worker are ignored. ``None`` refreshes every live attempt it owns.
+        """
         ...
 
     async def list_workers(self) -> list[Worker]:

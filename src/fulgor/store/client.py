@@ -5,12 +5,15 @@ store; errors come back as the same fulgor exception classes (NotFoundError, Val
 InvalidTransitionError). For blocking code wrap it: ``SyncStore(StoreClient(url))``, or use
 ``open_store("http://HOST:PORT")``.
 
-Reliability: connection failures and 502/503/504 answers are retried with exponential backoff, a
-bounded number of times. Writes that are not naturally idempotent carry an ``Idempotency-Key``
-header, so the server answers a retry with the first answer instead of running it twice (span adds
-need none: the store keeps one span per span_id). Long waits (``claim(wait_seconds=...)``,
-``wait``) are held by the server in chunks of at most ``long_poll_seconds``, and the client asks
-again until its own deadline: nothing busy-polls.
+Reliability: connection failures and 502/503/504 answers (503 is also how a server says its
+database is unavailable) are retried with exponential backoff, a bounded number of times. Writes
+that are not naturally idempotent carry an ``Idempotency-Key`` header, so the server answers a
+retry with the first answer instead of running it twice (span adds need none: the store keeps one
+span per span_id). Servers remember keys in their own memory: a retry that reaches a restarted or
+another server runs again (a claim may then take a second rollout; see ``Store.heartbeat``'s
+``attempt_ids``). Long waits (``claim(wait_seconds=...)``, ``wait``) are held by the server in
+chunks of at most ``long_poll_seconds``, and the client asks again until its own deadline: nothing
+busy-polls.
 
 Speed: a small keep-alive HTTP/1.1 client (:mod:`fulgor.net.http_client`) and request bodies built
 from pre-serialised JSON. Needs no extra packages.
@@ -32,7 +35,14 @@ from urllib.parse import quote, urlencode
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError
 
-from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, StoreError, ValidationError
+from fulgor.errors import (
+    ConfigError,
+    InvalidTransitionError,
+    NotFoundError,
+    StoreError,
+    StoreUnavailableError,
+    ValidationError,
+)
 from fulgor.net.http_client import HttpClient, split_url
 from fulgor.store import _api as api
 from fulgor.store import _rules as rules
@@ -62,8 +72,11 @@ TOKEN_ENV = "FULGOR_TOKEN"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
-class StoreUnreachableError(StoreError):
-    """The server could not be reached, or kept failing, after every retry."""
+class StoreUnreachableError(StoreUnavailableError):
+    """The server could not be reached, or kept failing, after every retry.
+
+    A server whose store is itself a client (a proxy) answers it with 503, like any unavailable store.
+    """
 
     code = "store_unreachable"
 
@@ -128,13 +141,14 @@ class StoreClient:
         return await self._call("POST", "/rollouts/start", api.ATTEMPTED, body, idempotent=True)
 
     async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
+        rules.check_seconds(wait_seconds, "wait_seconds")  # the loop below needs a real deadline
         deadline = time.monotonic() + wait_seconds
         while True:
             chunk = max(0.0, min(deadline - time.monotonic(), self.long_poll_seconds))
             body = _object(
                 worker_id=_plain("worker_id", worker_id),
                 limit=_plain("limit", limit),
-                wait_seconds=_plain("wait_seconds", chunk if wait_seconds >= 0 else wait_seconds),
+                wait_seconds=_plain("wait_seconds", chunk),
             )
             claimed = await self._call(
                 "POST", "/rollouts/claim", api.ATTEMPTEDS, body, idempotent=True, wait_seconds=chunk
@@ -182,8 +196,7 @@ class StoreClient:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        if metadata is not None:
-            rules.check_json(metadata, "metadata")
+        error, metadata = rules.check_attempt_update(status, error, metadata)
         body = _object(
             status=_plain("status", status),
             error=_plain("error", error),
@@ -232,24 +245,28 @@ class StoreClient:
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        if stats is not None:
-            rules.check_json(stats, "stats")
-        body = _object(worker_id=_plain("worker_id", worker_id), stats=_plain("stats", stats))
+    async def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        rules.check_heartbeat(worker_id, stats, attempt_ids)
+        body = _object(
+            worker_id=_plain("worker_id", worker_id),
+            stats=_plain("stats", stats),
+            attempt_ids=_plain("attempt_ids", None if attempt_ids is None else list(attempt_ids)),
+        )
         return await self._call("POST", "/workers/heartbeat", api.WORKER, body)
 
     async def list_workers(self) -> list[Worker]:
         return await self._call("GET", "/workers", api.WORKERS)
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        rules.check_seconds(timeout_seconds, "timeout_seconds")  # the loop below needs a real deadline
+        rules.check_ids(rollout_ids, "rollout_ids")
         ids = _plain("rollout_ids", list(rollout_ids))
         deadline = time.monotonic() + timeout_seconds
         while True:
             chunk = max(0.0, min(deadline - time.monotonic(), self.long_poll_seconds))
-            body = _object(
-                rollout_ids=ids,
-                timeout_seconds=_plain("timeout_seconds", chunk if timeout_seconds >= 0 else timeout_seconds),
-            )
+            body = _object(rollout_ids=ids, timeout_seconds=_plain("timeout_seconds", chunk))
             done = await self._call("POST", "/rollouts/wait", api.ROLLOUTS, body, wait_seconds=chunk)
             if len(done) == len(rollout_ids) or time.monotonic() >= deadline:
                 return done
@@ -304,7 +321,7 @@ class StoreClient:
             else:
                 if response.status not in _RETRY_STATUSES:
                     return response.status, content
-                problem = f"HTTP {response.status}"
+                problem = f"HTTP {response.status}{_message(content)}"
             if attempt == self.max_retries:
                 break
             delay = min(self.backoff_max_seconds, 0.05 * 2**attempt) * random.uniform(0.5, 1.0)
@@ -314,6 +331,14 @@ class StoreClient:
             f"{method} {self.url}{target} failed after {self.max_retries + 1} tries ({problem}); "
             "check that `fulgor serve` is running at that URL"
         )
+
+
+def _message(body: bytes) -> str:
+    """``: message`` of a fulgor error body (a 503 says which database is down), else nothing."""
+    try:
+        return f": {api.ErrorBody.model_validate_json(body).error.message}"
+    except ValueError:
+        return ""
 
 
 def _error(status: int, body: bytes) -> StoreError | ValidationError:

@@ -92,6 +92,7 @@ class MemoryStore:
         return claimed or []
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
+        rules.check_text(rollout_id, "rollout_id")
         self._sweep()
         return self._rollout(rollout_id)
 
@@ -106,6 +107,8 @@ class MemoryStore:
         order: Literal["asc", "desc"] = "asc",
     ) -> list[Rollout]:
         rules.check_page(limit, offset, order)
+        if group_id is not None:
+            rules.check_text(group_id, "group_id")
         self._sweep()
         statuses = rules.statuses_filter(status)
         rollouts = list(self._rollouts.values())
@@ -122,6 +125,7 @@ class MemoryStore:
         return matching[offset:end]
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        rules.check_ids(rollout_ids, "rollout_ids")
         self._sweep()
         rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]
         for rollout in rollouts:
@@ -137,6 +141,7 @@ class MemoryStore:
         return result
 
     async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
+        rules.check_text(rollout_id, "rollout_id")
         rules.check_worker_id(worker_id)
         self._sweep()
         return self._begin(self._rollout(rollout_id), worker_id)
@@ -152,8 +157,9 @@ class MemoryStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        if metadata is not None:
-            rules.check_json(metadata, "metadata")
+        rules.check_text(rollout_id, "rollout_id")
+        rules.check_text(attempt_id, "attempt_id")
+        error, metadata = rules.check_attempt_update(status, error, metadata)
         self._sweep()
         attempt = self._attempt(rollout_id, attempt_id)
         now = self._clock()
@@ -162,6 +168,7 @@ class MemoryStore:
         return updated
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rules.check_text(rollout_id, "rollout_id")
         self._sweep()
         self._rollout(rollout_id)
         return list(self._attempts[rollout_id])
@@ -189,7 +196,7 @@ class MemoryStore:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        rules.check_page(limit, offset)
+        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         self._sweep()
         self._rollout(rollout_id)
         attempts = self._attempts[rollout_id]
@@ -224,21 +231,23 @@ class MemoryStore:
     async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
         if resources_id is None:
             return self._latest_resources
+        rules.check_text(resources_id, "resources_id")
         if resources_id not in self._resources:
             raise NotFoundError(f"resources {resources_id!r} not found")
         return self._resources[resources_id]
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        rules.check_worker_id(worker_id)
-        if stats is not None:
-            rules.check_json(stats, "stats")
+    async def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        rules.check_heartbeat(worker_id, stats, attempt_ids)
         self._sweep()
         now = self._clock()
         worker = self._see_worker(worker_id, now, stats)
+        only = None if attempt_ids is None else frozenset(attempt_ids)
         for attempt in list(self._live.values()):
-            if attempt.worker_id == worker_id:
+            if attempt.worker_id == worker_id and (only is None or attempt.attempt_id in only):
                 self._touch(attempt, now, running=False)
         return worker
 
@@ -246,8 +255,8 @@ class MemoryStore:
         return list(self._workers.values())
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        if timeout_seconds < 0:
-            raise ValidationError(f"timeout_seconds must be >= 0, got {timeout_seconds!r}")
+        rules.check_seconds(timeout_seconds, "timeout_seconds")
+        rules.check_ids(rollout_ids, "rollout_ids")
         for rollout_id in rollout_ids:
             self._rollout(rollout_id)
 
@@ -326,6 +335,8 @@ class MemoryStore:
         self._rollouts[rollout.rollout_id] = rollout
         self._attempts[rollout.rollout_id].append(attempt)
         self._live[rollout.rollout_id] = attempt
+        if rules.watchdog_deadline(attempt, rollout.config) is not None:
+            self._signal.notify()  # waiting calls sleep until the next deadline: this one may be sooner
         return rules.attempted(rollout, attempt)
 
     def _put_attempt(self, attempt: Attempt, now: float) -> None:

@@ -10,12 +10,21 @@ Each span is attributed to a rollout and attempt by, in this order: its own attr
 request headers ``X-Fulgor-Rollout-Id``/``X-Fulgor-Attempt-Id``. Spans that cannot be attributed,
 or name an unknown rollout or attempt, are reported back as OTLP ``partial_success`` rejections;
 the others are stored. Protobuf is first converted to the OTLP/JSON shape, so one decoder reads both.
+
+Each span is decoded and checked against the store's rules on its own, so a bad one (a timestamp
+too large for a float, an id with a NUL character) is rejected alone, with its reason, and the rest
+of its batch is stored. Doubles that are NaN or infinite are legal OTLP but not JSON, and the store
+keeps JSON: they are stored as the strings OTLP/JSON writes them as (``"NaN"``, ``"Infinity"``,
+``"-Infinity"``), so the span is kept. A store whose database is unavailable fails the whole
+request with 503, which OTLP exporters retry (spans already stored are not duplicated: the store
+keeps one span per span id).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -25,9 +34,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fulgor.errors import StoreError, ValidationError
+from fulgor.errors import StoreError, StoreUnavailableError, ValidationError
 from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID
 from fulgor.store import _api as api
+from fulgor.store import _rules as rules
 from fulgor.store import _serving as serving
 from fulgor.store.base import Store
 from fulgor.types import Span, SpanEvent, SpanStatus
@@ -87,9 +97,13 @@ def spans_from_otlp(document: dict[str, Any], fallback: Attribution) -> tuple[li
             for i, raw in enumerate(_list(scope_spans, "spans")):
                 where = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
                 try:
-                    spans.append(_span(raw, resource, fallback))
+                    span = _span(raw, resource, fallback)
+                    rules.check_spans([span])
                 except (ValidationError, pydantic.ValidationError, TypeError, ValueError) as error:
-                    problems.append(f"{where}: {_reason(error)}")
+                    # check_spans names the field as in a list of one ("spans[0].name"); where says which.
+                    problems.append(f"{where}: {_reason(error).removeprefix('spans[0].')}")
+                else:
+                    spans.append(span)
     return spans, problems
 
 
@@ -160,7 +174,10 @@ def _any_value(raw: Any) -> Any:
     if kind in ("intValue", "int_value"):
         return int(value)
     if kind in ("doubleValue", "double_value"):
-        return float(value)
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
     if kind in ("arrayValue", "array_value"):
         return [_any_value(v) for v in _list(value, "values")]
     if kind in ("kvlistValue", "kvlist_value"):
@@ -171,7 +188,10 @@ def _any_value(raw: Any) -> Any:
 def _seconds(nanos: Any) -> float:
     if nanos is None:
         raise ValidationError("startTimeUnixNano and event timeUnixNano are required")
-    return int(nanos) / 1e9
+    try:
+        return int(nanos) / 1e9
+    except OverflowError:
+        raise ValidationError(f"a time of {str(nanos)[:30]}... nanoseconds is out of range") from None
 
 
 def _get(raw: dict[str, Any], camel: str, snake: str) -> Any:
@@ -214,6 +234,8 @@ async def store_spans(store: Store, spans: Sequence[Span]) -> tuple[int, list[st
     for (rollout_id, attempt_id), group in groups.items():
         try:
             await store.add_spans(group)
+        except StoreUnavailableError:
+            raise  # nothing is wrong with the spans: a 503 makes the exporter send them again
         except (StoreError, ValidationError) as error:
             rejected += len(group)
             problems.append(f"{len(group)} span(s) of {rollout_id}/{attempt_id}: {error.message}")
@@ -314,5 +336,6 @@ _OPENAPI: dict[str, Any] = {
         "403": {"description": "Wrong bearer token", "content": _ERROR},
         "413": {"description": "Body too large", "content": _ERROR},
         "415": {"description": "Not protobuf or JSON, or an unsupported Content-Encoding", "content": _ERROR},
+        "503": {"description": "The store's database is unavailable; retry", "content": _ERROR},
     },
 }

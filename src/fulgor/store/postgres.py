@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from fulgor.errors import InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.errors import InvalidTransitionError, NotFoundError
 from fulgor.store import _rules as rules
 from fulgor.store._postgres_db import Database, fetch
 from fulgor.store._rows import (
@@ -177,6 +177,7 @@ class PostgresStore:
         return claimed or []
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
+        rules.check_text(rollout_id, "rollout_id")
         async with self._db.connection() as conn:
             await self._sweep(conn)
             return await self._rollout(conn, rollout_id)
@@ -192,6 +193,8 @@ class PostgresStore:
         order: Literal["asc", "desc"] = "asc",
     ) -> list[Rollout]:
         rules.check_page(limit, offset, order)
+        if group_id is not None:
+            rules.check_text(group_id, "group_id")
         clauses = ["TRUE"]
         params: list[Any] = []
         statuses = rules.statuses_filter(status)
@@ -217,6 +220,7 @@ class PostgresStore:
         return [rollout_from_row(row) for row in rows]
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        rules.check_ids(rollout_ids, "rollout_ids")
         now = self._clock()
 
         async def cancel_all(conn: Connection) -> list[Rollout]:
@@ -237,6 +241,7 @@ class PostgresStore:
         return result
 
     async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
+        rules.check_text(rollout_id, "rollout_id")
         rules.check_worker_id(worker_id)
 
         async def start(conn: Connection) -> AttemptedRollout:
@@ -257,8 +262,9 @@ class PostgresStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        if metadata is not None:
-            rules.check_json(metadata, "metadata")
+        rules.check_text(rollout_id, "rollout_id")
+        rules.check_text(attempt_id, "attempt_id")
+        error, metadata = rules.check_attempt_update(status, error, metadata)
         now = self._clock()
 
         async def update(conn: Connection) -> tuple[Attempt, bool]:
@@ -275,6 +281,7 @@ class PostgresStore:
         return updated
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rules.check_text(rollout_id, "rollout_id")
         async with self._db.connection() as conn:
             await self._sweep(conn)
             await self._rollout(conn, rollout_id)
@@ -322,7 +329,7 @@ class PostgresStore:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        rules.check_page(limit, offset)
+        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         async with self._db.connection() as conn:
             await self._sweep(conn)
             rollout = await self._rollout(conn, rollout_id)
@@ -372,6 +379,8 @@ class PostgresStore:
             return await self._db.transaction(conn, put)
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+        if resources_id is not None:
+            rules.check_text(resources_id, "resources_id")
         async with self._db.connection() as conn:
             if resources_id is None:
                 rows = await fetch(conn, "SELECT body FROM resources ORDER BY version DESC LIMIT 1")
@@ -383,22 +392,20 @@ class PostgresStore:
 
     # -- workers, waiting, stats ------------------------------------------------------------------
 
-    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        rules.check_worker_id(worker_id)
-        if stats is not None:
-            rules.check_json(stats, "stats")
+    async def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        rules.check_heartbeat(worker_id, stats, attempt_ids)
         now = self._clock()
+        mine = f"worker_id = %(worker)s AND {_LIVE}"
+        if attempt_ids is not None:
+            mine += " AND attempt_id = ANY(%(ids)s)"
+        params = {"worker": worker_id, "ids": list(attempt_ids or ()), "now": now}
 
         async def beat(conn: Connection) -> Worker:
             # Lock in rollout order, the order every other writer takes attempts in.
-            await conn.execute(
-                f"SELECT 1 FROM attempts WHERE worker_id = %s AND {_LIVE} ORDER BY rollout_id FOR UPDATE",
-                (worker_id,),
-            )
-            await conn.execute(
-                f"UPDATE attempts SET last_active_time = %s WHERE worker_id = %s AND {_LIVE}",
-                (now, worker_id),
-            )
+            await conn.execute(f"SELECT 1 FROM attempts WHERE {mine} ORDER BY rollout_id FOR UPDATE", params)
+            await conn.execute(f"UPDATE attempts SET last_active_time = %(now)s WHERE {mine}", params)
             return await self._see_worker(conn, worker_id, now, stats)
 
         async with self._db.connection() as conn:
@@ -411,8 +418,8 @@ class PostgresStore:
         return [worker_from_row(row) for row in rows]
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        if timeout_seconds < 0:
-            raise ValidationError(f"timeout_seconds must be >= 0, got {timeout_seconds!r}")
+        rules.check_seconds(timeout_seconds, "timeout_seconds")
+        rules.check_ids(rollout_ids, "rollout_ids")
         async with self._db.connection() as conn:
             for rollout_id in rollout_ids:
                 await self._rollout(conn, rollout_id)

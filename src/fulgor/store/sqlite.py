@@ -210,6 +210,7 @@ class SqliteStore:
         return claimed or []
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
+        rules.check_text(rollout_id, "rollout_id")
         self._sweep()
         return self._rollout(rollout_id)
 
@@ -224,6 +225,8 @@ class SqliteStore:
         order: Literal["asc", "desc"] = "asc",
     ) -> list[Rollout]:
         rules.check_page(limit, offset, order)
+        if group_id is not None:
+            rules.check_text(group_id, "group_id")
         self._sweep()
         clauses: list[str] = []
         params: list[Any] = []
@@ -247,6 +250,7 @@ class SqliteStore:
         return [rollout_from_row(row) for row in rows]
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        rules.check_ids(rollout_ids, "rollout_ids")
         self._sweep()
         now = self._clock()
         with self._write():
@@ -262,6 +266,7 @@ class SqliteStore:
         return result
 
     async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
+        rules.check_text(rollout_id, "rollout_id")
         rules.check_worker_id(worker_id)
         self._sweep()
         with self._write():
@@ -278,8 +283,9 @@ class SqliteStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        if metadata is not None:
-            rules.check_json(metadata, "metadata")
+        rules.check_text(rollout_id, "rollout_id")
+        rules.check_text(attempt_id, "attempt_id")
+        error, metadata = rules.check_attempt_update(status, error, metadata)
         self._sweep()
         now = self._clock()
         with self._write():
@@ -291,6 +297,7 @@ class SqliteStore:
         return updated
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rules.check_text(rollout_id, "rollout_id")
         self._sweep()
         self._rollout(rollout_id)
         rows = self._read(
@@ -365,7 +372,7 @@ class SqliteStore:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        rules.check_page(limit, offset)
+        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         self._sweep()
         rollout = self._rollout(rollout_id)
         clauses = ["rollout_id = ?"]
@@ -409,6 +416,7 @@ class SqliteStore:
         if resources_id is None:
             rows = self._read("SELECT body FROM resources ORDER BY version DESC LIMIT 1", ())
             return ResourcesVersion.model_validate_json(rows[0][0]) if rows else None
+        rules.check_text(resources_id, "resources_id")
         rows = self._read("SELECT body FROM resources WHERE resources_id = ?", (resources_id,))
         if not rows:
             raise NotFoundError(f"resources {resources_id!r} not found")
@@ -416,17 +424,21 @@ class SqliteStore:
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        rules.check_worker_id(worker_id)
-        if stats is not None:
-            rules.check_json(stats, "stats")
+    async def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        rules.check_heartbeat(worker_id, stats, attempt_ids)
         self._sweep()
         now = self._clock()
+        sql = f"UPDATE attempts SET last_active_time = ? WHERE worker_id = ? AND {_LIVE}"
+        params: tuple[Any, ...] = (now, worker_id)
+        if attempt_ids is not None:
+            # One parameter however many ids (SQLite caps the number of parameters).
+            sql += " AND attempt_id IN (SELECT value FROM json_each(?))"
+            params += (json.dumps(list(attempt_ids)),)
         with self._write():
             worker = self._see_worker(worker_id, now, stats)
-            self._conn.execute(
-                f"UPDATE attempts SET last_active_time = ? WHERE worker_id = ? AND {_LIVE}", (now, worker_id)
-            )
+            self._conn.execute(sql, params)
         return worker
 
     async def list_workers(self) -> list[Worker]:
@@ -434,8 +446,8 @@ class SqliteStore:
         return [worker_from_row(row) for row in rows]
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        if timeout_seconds < 0:
-            raise ValidationError(f"timeout_seconds must be >= 0, got {timeout_seconds!r}")
+        rules.check_seconds(timeout_seconds, "timeout_seconds")
+        rules.check_ids(rollout_ids, "rollout_ids")
         for rollout_id in rollout_ids:
             self._rollout(rollout_id)
 
@@ -574,6 +586,10 @@ class SqliteStore:
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (*attempt_row(attempt), timeout_at, rollout.config.unresponsive_seconds),
         )
+        if rules.watchdog_deadline(attempt, rollout.config) is not None:
+            # Waiting calls sleep until the next deadline: this one may be sooner. They read after
+            # this transaction commits (reads wait for the store's lock).
+            self._signal.notify()
         return rules.attempted(rollout, attempt)
 
     def _put_attempt(self, attempt: Attempt, now: float) -> bool:

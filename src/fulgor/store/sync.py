@@ -152,8 +152,10 @@ class SyncStore:
     def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
         return self._run(self.store.get_resources(resources_id))
 
-    def heartbeat(self, worker_id: str, stats: JsonDict | None = None) -> Worker:
-        return self._run(self.store.heartbeat(worker_id, stats))
+    def heartbeat(
+        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    ) -> Worker:
+        return self._run(self.store.heartbeat(worker_id, stats, attempt_ids))
 
     def list_workers(self) -> list[Worker]:
         return self._run(self.store.list_workers())

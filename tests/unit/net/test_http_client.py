@@ -44,6 +44,39 @@ async def test_a_chunked_stream_arrives_in_pieces_and_ends() -> None:
 
 
 async def test_a_connection_the_server_closed_is_replaced() -> None:
+    # The server answers once, then closes that connection when the next request arrives on it (as
+    # a server closing an idle keep-alive connection just as the client reuses it): the client must
+    # send the request again on a new connection.
+    accepted: list[int] = []
+    reused: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(len(accepted) + 1)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        if len(accepted) == 1:
+            reused.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    origin = ("http", "127.0.0.1", server.sockets[0].getsockname()[1])
+    client = HttpClient()
+    try:
+        assert await (await client.request("GET", origin, "/first", "")).read() == b"ok"
+        assert len(client._idle[origin]) == 1  # the pooled connection the server will close
+
+        response = await client.request("GET", origin, "/second", "")
+
+        assert (response.status, await response.read()) == (200, b"ok")
+        assert reused[0].startswith(b"GET /second ")  # it went out on the pooled connection first
+        assert accepted == [1, 2]  # and again on a fresh one
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     server = ScriptedOpenAIServer()
     await server.start()
     port = server.port

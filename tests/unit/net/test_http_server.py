@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
+
+import pytest
 
 from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
 
@@ -75,3 +78,21 @@ async def test_a_malformed_request_is_400() -> None:
     data = await exchange(b"NONSENSE\r\n\r\n")
     assert data.startswith(b"HTTP/1.1 400 Bad Request")
     assert b'"code": "bad_request"' in data
+
+
+def test_a_connection_open_when_the_loop_shuts_down_ends_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    # asyncio.run cancels every task left when its main coroutine returns, the server's connection
+    # tasks too; a cancelled one must not be reported as "Exception in callback".
+    async def main() -> None:
+        server = await serve_http(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\n")  # half a request: its task waits for the rest
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        server.close()
+
+    caplog.set_level(logging.DEBUG, logger="asyncio")
+    asyncio.run(main())
+
+    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR], caplog.text

@@ -292,3 +292,17 @@ async def test_spans_the_store_keeps_refusing_fail_the_attempt(store: Store) -> 
     assert attempt.error == (
         "spans could not be stored (1 left unwritten): StoreError: the store is briefly unreachable"
     )
+
+
+async def test_an_attempt_the_runner_never_heard_of_is_left_to_the_watchdog(store: Store) -> None:
+    """A claim whose answer was lost (its retry reached another server) leaves an attempt under this
+    worker's id that the runner does not run: its heartbeats must not keep that attempt alive."""
+    await store.put_resources({"llm": LLM(endpoint="http://upstream/v1", model="m")})
+    config = RolloutConfig(unresponsive_seconds=0.3, max_attempts=2)
+    [created] = await store.enqueue([RolloutRequest(input={"kind": "right"}, config=config)])
+    [orphan] = await store.claim("w1")  # claimed under the runner's worker id, never run
+    runner = Runner(solver, store, worker_id="w1", config=FAST)
+    await run_until_done(runner, store, [created.rollout_id])
+    attempts = await store.list_attempts(created.rollout_id)
+    assert [a.status for a in attempts] == ["unresponsive", "succeeded"]
+    assert attempts[0].attempt_id == orphan.attempt.attempt_id

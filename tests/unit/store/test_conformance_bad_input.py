@@ -72,6 +72,31 @@ async def test_unknown_id_raises_not_found_and_writes_nothing(store: Store, call
     assert await snapshot(store) == before
 
 
+EMPTY_IDS: dict[str, Call] = {
+    "get_rollout": lambda s, c: s.get_rollout(""),
+    "list_attempts": lambda s, c: s.list_attempts(""),
+    "start_attempt": lambda s, c: s.start_attempt("", "w1"),
+    "update_attempt rollout": lambda s, c: s.update_attempt("", c.attempt.attempt_id, metadata={}),
+    "update_attempt attempt": lambda s, c: s.update_attempt(c.rollout_id, "", metadata={}),
+    "query_spans rollout": lambda s, c: s.query_spans(""),
+    "query_spans attempt": lambda s, c: s.query_spans(c.rollout_id, ""),
+    "get_resources": lambda s, c: s.get_resources(""),
+    "cancel": lambda s, c: s.cancel([""]),
+}
+
+
+@pytest.mark.parametrize("call", EMPTY_IDS.values(), ids=EMPTY_IDS.keys())
+async def test_an_empty_id_is_not_found_like_any_unknown_one(store: Store, call: Call) -> None:
+    # Over HTTP an empty id makes an empty path segment: still the store's NotFoundError.
+    claimed = await setup(store)
+    before = await snapshot(store)
+
+    with pytest.raises(NotFoundError, match="''"):
+        await call(store, claimed)
+
+    assert await snapshot(store) == before
+
+
 async def test_update_attempt_of_another_rollout_is_not_found(store: Store) -> None:
     claimed = await setup(store)
     (other,) = await store.claim("w2")
@@ -179,6 +204,57 @@ INVALID: dict[str, tuple[str, Call]] = {
     "heartbeat worker_id": ("worker_id", lambda s, c: s.heartbeat("")),
     "heartbeat stats": ("stats", lambda s, c: s.heartbeat("w9", {"s": NotJson()})),
     "wait timeout": ("timeout_seconds", lambda s, c: s.wait([c.rollout_id], timeout_seconds=-1)),
+    # Not-a-number passes every "< 0" check and then never runs out: a busy loop, not a wait.
+    "claim wait_seconds nan": ("wait_seconds", lambda s, c: s.claim("w1", wait_seconds=float("nan"))),
+    "claim wait_seconds inf": ("wait_seconds", lambda s, c: s.claim("w1", wait_seconds=float("inf"))),
+    "wait timeout nan": (
+        "timeout_seconds",
+        lambda s, c: s.wait([c.rollout_id], timeout_seconds=float("nan")),
+    ),
+    # Non-finite numbers are not JSON: stored, they would break every later read of the span.
+    "add_spans event time inf": (
+        "spans[1].events[0].time",
+        lambda s, c: s.add_spans(
+            [
+                span(c.rollout_id, c.attempt.attempt_id),
+                span(c.rollout_id, c.attempt.attempt_id, events=(SpanEvent(name="e", time=float("inf")),)),
+            ]
+        ),
+    ),
+    "put_resources sampling nan": (
+        "resources['llm'].sampling_parameters",
+        lambda s, c: s.put_resources(
+            {"llm": LLM(endpoint="http://x/v1", model="m", sampling_parameters={"temperature": float("nan")})}
+        ),
+    ),
+    # NUL characters: PostgreSQL's text cannot hold them, so no backend accepts them in ids or names.
+    "heartbeat worker_id NUL": ("worker_id", lambda s, c: s.heartbeat("w\x00x")),
+    "claim worker_id NUL": ("worker_id", lambda s, c: s.claim("w\x00x")),
+    "enqueue group_id NUL": ("requests[0].group_id", lambda s, c: s.enqueue([request(group_id="g\x00")])),
+    "add_spans name NUL": (
+        "spans[0].name",
+        lambda s, c: s.add_spans([span(c.rollout_id, c.attempt.attempt_id, name="a\x00b")]),
+    ),
+    "add_spans span_id NUL": (
+        "spans[0].span_id",
+        lambda s, c: s.add_spans([span(c.rollout_id, c.attempt.attempt_id, span_id="s\x00")]),
+    ),
+    "get_rollout NUL": ("rollout_id", lambda s, c: s.get_rollout("ro-\x00")),
+    "query_rollouts group_id NUL": ("group_id", lambda s, c: s.query_rollouts(group_id="g\x00")),
+    "query_spans name NUL": ("name", lambda s, c: s.query_spans(c.rollout_id, name="n\x00")),
+    "get_resources NUL": ("resources_id", lambda s, c: s.get_resources("r\x00")),
+    "cancel NUL": ("rollout_ids[0]", lambda s, c: s.cancel(["ro-\x00"])),
+    # update_attempt's own inputs: a JSON object, a string error, a status string.
+    "update_attempt metadata list": (
+        "metadata",
+        lambda s, c: s.update_attempt(c.rollout_id, c.attempt.attempt_id, metadata=["a", "b"]),
+    ),
+    "update_attempt error not a string": (
+        "error",
+        lambda s, c: s.update_attempt(c.rollout_id, c.attempt.attempt_id, status="failed", error=5),
+    ),
+    "heartbeat attempt_ids a string": ("attempt_ids", lambda s, c: s.heartbeat("w1", attempt_ids="at-1")),
+    "heartbeat attempt_ids not strings": ("attempt_ids[0]", lambda s, c: s.heartbeat("w1", attempt_ids=[5])),
 }
 
 

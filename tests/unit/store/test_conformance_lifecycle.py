@@ -104,6 +104,31 @@ async def test_update_without_status_changes_error_and_metadata_only(store: Stor
     assert (await store.list_attempts(claimed.rollout_id)) == [updated]
 
 
+async def test_a_nul_in_an_error_is_replaced_not_refused(store: Store) -> None:
+    # The error is free text from whatever failed: losing the report would leave the attempt live.
+    claimed = await claim_new(store)
+
+    ended = await store.update_attempt(
+        claimed.rollout_id, claimed.attempt.attempt_id, status="failed", error="bad\x00byte"
+    )
+
+    assert ended.error == "bad\ufffdbyte"
+    assert (await store.list_attempts(claimed.rollout_id))[0].error == "bad\ufffdbyte"
+    assert (await store.get_rollout(claimed.rollout_id)).status == "failed"
+
+
+async def test_attempt_metadata_comes_back_as_json_gives_it(store: Store) -> None:
+    claimed = await claim_new(store)
+
+    updated = await store.update_attempt(
+        claimed.rollout_id, claimed.attempt.attempt_id, metadata={"pair": (1, 2), "nested": {"t": ("a",)}}
+    )
+
+    expected = {"pair": [1, 2], "nested": {"t": ["a"]}}
+    assert updated.metadata == expected
+    assert (await store.list_attempts(claimed.rollout_id))[0].metadata == expected
+
+
 @pytest.mark.parametrize("outcome", ["failed", "timeout", "unresponsive"])
 async def test_retry_requeues_until_max_attempts(store: Store, outcome: str) -> None:
     (rollout,) = await store.enqueue([request(max_attempts=3)])

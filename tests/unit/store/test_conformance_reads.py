@@ -61,6 +61,18 @@ async def test_query_rollouts_by_group_and_mode(store: Store) -> None:
     assert await store.query_rollouts(group_id="missing") == []
 
 
+async def test_an_empty_filter_matches_only_empty_values(store: Store) -> None:
+    # Over HTTP an empty filter is an empty query value: it filters, as it does locally.
+    empty, named = await store.enqueue([request({"n": 0}, group_id=""), request({"n": 1}, group_id="g")])
+    (claimed,) = await store.claim("w1")
+    await store.add_spans([span(claimed.rollout_id, claimed.attempt.attempt_id, name="step")])
+
+    assert [r.rollout_id for r in await store.query_rollouts(group_id="")] == [empty.rollout_id]
+    assert await store.query_spans(claimed.rollout_id, name="") == []
+    assert [s.name for s in await store.query_spans(claimed.rollout_id, name="step")] == ["step"]
+    assert named.group_id == "g"
+
+
 async def test_query_rollouts_pages_in_either_order(store: Store) -> None:
     ids = await populated(store)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -183,3 +184,59 @@ async def test_wait_wakes_when_unresponsive_fails_the_rollout(make_store: MakeSt
 
     assert [(r.rollout_id, r.status) for r in done] == [(rollout.rollout_id, "failed")]
     assert time.monotonic() - started < 3.0
+
+
+@pytest.mark.parametrize("waiting", ["claim", "wait"])
+async def test_waiting_calls_wake_at_a_deadline_that_appeared_while_they_slept(
+    make_store: MakeStore, waiting: str
+) -> None:
+    # The waiter goes to sleep while no attempt has a deadline; the attempt that brings one starts
+    # after it (start_rollout wakes no claim: nothing is queued), so only that deadline can wake it.
+    store = await make_store()
+    started = time.monotonic()
+    if waiting == "claim":
+        waiter = asyncio.ensure_future(store.claim("w2", wait_seconds=10))
+        await asyncio.sleep(0.2)
+        hung = await store.start_rollout(request(timeout_seconds=0.3, max_attempts=2), "w1")
+    else:
+        (rollout,) = await store.enqueue([request(timeout_seconds=0.3)])
+        waiter = asyncio.ensure_future(store.wait([rollout.rollout_id], timeout_seconds=10))
+        await asyncio.sleep(0.2)
+        (hung,) = await store.claim("w1")
+
+    woken = await waiter
+
+    assert [r.rollout_id for r in woken] == [hung.rollout_id]
+    assert time.monotonic() - started < 3.0
+
+
+async def test_heartbeat_with_attempt_ids_refreshes_only_those(store: Store, clock: FakeClock) -> None:
+    # A claim retried on another server took a second rollout for w1; w1 runs (and names) only the
+    # attempt it heard of, so the other one goes unresponsive and is retried.
+    orphan, kept = await store.enqueue(
+        [request({"n": i}, unresponsive_seconds=10, max_attempts=2) for i in (0, 1)]
+    )
+    (other,) = await store.enqueue([request({"n": 2}, unresponsive_seconds=10)])
+    (lost,) = await store.claim("w1")
+    (heard,) = await store.claim("w1")
+    (elsewhere,) = await store.claim("w2")
+    for _ in range(3):
+        clock.advance(6)
+        named = [heard.attempt.attempt_id, elsewhere.attempt.attempt_id, "at-unknown"]
+        await store.heartbeat("w1", {"active": 1}, attempt_ids=named)
+
+    assert lost.rollout_id == orphan.rollout_id
+    assert [a.status for a in await store.list_attempts(orphan.rollout_id)] == ["unresponsive"]
+    assert (await store.get_rollout(orphan.rollout_id)).status == "requeuing"
+    assert [a.status for a in await store.list_attempts(kept.rollout_id)] == ["preparing"]
+    # Another worker's attempt is not this worker's to keep alive, even when named.
+    assert [a.status for a in await store.list_attempts(other.rollout_id)] == ["unresponsive"]
+    assert (await store.list_workers())[0].stats == {"active": 1}
+
+    (retry,) = await store.claim("w3", limit=5)
+    assert (retry.rollout_id, retry.attempt.sequence_id) == (orphan.rollout_id, 2)
+    clock.advance(1)
+    await store.heartbeat("w3", attempt_ids=[])
+    assert (await store.list_attempts(orphan.rollout_id))[1].last_active_time == retry.attempt.start_time
+    await store.heartbeat("w3")
+    assert (await store.list_attempts(orphan.rollout_id))[1].last_active_time == clock.now

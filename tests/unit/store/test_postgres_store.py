@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pgtools import postgres_url, schema_for
 
-from fulgor.errors import ConfigError, InvalidTransitionError, StoreError, ValidationError
+from fulgor.errors import ConfigError, InvalidTransitionError, StoreUnavailableError, ValidationError
 from fulgor.store import open_store
 from fulgor.store.postgres import PostgresStore
 from fulgor.types import RolloutRequest
@@ -52,11 +52,12 @@ async def test_missing_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
         await store.get_rollout("ro-1")
 
 
-async def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
+async def test_an_unreachable_server_is_unavailable_without_the_password() -> None:
     pytest.importorskip("psycopg")
     store = PostgresStore("postgresql://fulgor:hunter2@127.0.0.1:1/runs", connect_timeout_seconds=2)
 
-    with pytest.raises(StoreError, match=re.escape("127.0.0.1:1/runs")) as raised:
+    # Unavailable (a 503 the client retries), not a bad request.
+    with pytest.raises(StoreUnavailableError, match=re.escape("127.0.0.1:1/runs")) as raised:
         await store.enqueue([RolloutRequest(input=1)])
 
     assert "hunter2" not in str(raised.value)
@@ -182,7 +183,8 @@ async def test_crossing_writers_on_the_same_rollouts_all_complete(
         for i in range(0, 40, 4):
             chunk = ids[i : i + 4]
             calls += [cancel(store, chunk), cancel(other, chunk[::-1]), finish(other, chunk[1])]
-            calls += [store.heartbeat("w1"), other.heartbeat("w1")]
+            named = [claimed[rollout_id].attempt.attempt_id for rollout_id in chunk]
+            calls += [store.heartbeat("w1"), other.heartbeat("w1", attempt_ids=named)]
         await asyncio.wait_for(asyncio.gather(*calls), timeout=60)
 
         statuses = {r.status for r in await store.query_rollouts()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,9 +15,10 @@ import pytest
 from servetools import ServedStore, serve_sqlite
 from storetools import FakeClock, request, span
 
-from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError
+from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, StoreUnavailableError
 from fulgor.net.sockets import bind_socket
-from fulgor.store.client import StoreServerError
+from fulgor.store._serving import Draining
+from fulgor.store.client import StoreClient, StoreServerError
 from fulgor.store.memory import MemoryStore
 from fulgor.store.server import BackgroundServer, ServerConfig, check_bind, create_app
 
@@ -357,3 +359,127 @@ def test_spec_is_valid_json_with_component_refs() -> None:
     text = json.dumps(spec)
     refs = {part.split('"')[0] for part in text.split('"#/components/schemas/')[1:]}
     assert refs <= set(spec["components"]["schemas"])
+
+
+async def test_a_claim_retried_on_another_server_leaves_an_orphan_the_watchdog_retries(
+    tmp_path: Path,
+) -> None:
+    # Idempotency keys live in one server's memory: the same key on a second server (or a restarted
+    # one) claims again. The worker heartbeats only the attempt it heard of; the orphan goes silent.
+    clock = FakeClock()
+    first = await serve_sqlite(tmp_path / "store.sqlite", clock)
+    second = await serve_sqlite(tmp_path / "store.sqlite", clock)
+    try:
+        lost, kept = await first.enqueue(
+            [request({"n": i}, unresponsive_seconds=10, max_attempts=2) for i in (0, 1)]
+        )
+        claim = {"worker_id": "w1"}
+        headers = {"Idempotency-Key": "claim-lost"}
+        async with httpx.AsyncClient() as http:
+            (answered,) = (
+                await http.post(f"{first.url}/api/v1/rollouts/claim", json=claim, headers=headers)
+            ).json()
+            (retried,) = (
+                await http.post(f"{second.url}/api/v1/rollouts/claim", json=claim, headers=headers)
+            ).json()
+        assert (answered["rollout_id"], retried["rollout_id"]) == (lost.rollout_id, kept.rollout_id)
+
+        for _ in range(3):
+            clock.advance(6)
+            await second.heartbeat("w1", attempt_ids=[retried["attempt"]["attempt_id"]])
+
+        assert (await second.get_rollout(lost.rollout_id)).status == "requeuing"
+        assert [a.status for a in await first.list_attempts(lost.rollout_id)] == ["unresponsive"]
+        assert (await second.get_rollout(kept.rollout_id)).status == "preparing"
+        (again,) = await second.claim("w2")
+        assert (again.rollout_id, again.attempt.sequence_id) == (lost.rollout_id, 2)
+    finally:
+        await second.close()
+        await first.close()
+
+
+class _Outage(MemoryStore):
+    """A store whose database is down for the first ``failures`` enqueues."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.calls = 0
+
+    async def enqueue(self, requests: Any) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise StoreUnavailableError("PostgreSQL at db:5432/fulgor failed: connection refused")
+        return await super().enqueue(requests)
+
+
+async def test_an_unavailable_store_is_a_503_that_is_not_remembered_and_the_client_retries() -> None:
+    store = _Outage(failures=2)
+    server = BackgroundServer(create_app(ServerConfig(store=store)))
+    await asyncio.to_thread(server.start)
+    try:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            headers = {"Idempotency-Key": "enqueue-1"}
+            body = {"requests": [{"input": 1}]}
+            down = await http.post("/api/v1/rollouts", json=body, headers=headers)
+            assert (down.status_code, error_of(down)["code"]) == (503, "store_unavailable")
+            assert "connection refused" in error_of(down)["message"]
+            client = StoreClient(server.url, backoff_max_seconds=0.01)
+            (rollout,) = await client.enqueue([request()])  # 503 once more, then stored
+            await client.close()
+            back = await http.post("/api/v1/rollouts", json=body, headers=headers)
+            assert back.status_code == 200
+        assert store.calls == 4
+        assert [r.rollout_id for r in await store.query_rollouts()] == [
+            rollout.rollout_id,
+            back.json()[0]["rollout_id"],
+        ]
+    finally:
+        await server.astop()
+
+
+async def test_a_client_that_keeps_getting_503_says_why() -> None:
+    server = BackgroundServer(create_app(ServerConfig(store=_Outage(failures=100))))
+    await asyncio.to_thread(server.start)
+    client = StoreClient(server.url, max_retries=1, backoff_max_seconds=0.01)
+    try:
+        with pytest.raises(StoreUnavailableError, match="connection refused"):
+            await client.enqueue([request()])
+    finally:
+        await client.close()
+        await server.astop()
+
+
+async def test_an_id_with_a_nul_character_is_a_400_on_every_route(http: httpx.AsyncClient) -> None:
+    missing = await http.get("/api/v1/rollouts/ro-%00")
+    beat = await http.post("/api/v1/workers/heartbeat", json={"worker_id": "w\u0000"})
+    assert (missing.status_code, error_of(missing)["code"]) == (400, "validation_error")
+    assert (beat.status_code, error_of(beat)["code"]) == (400, "validation_error")
+    assert "NUL" in error_of(beat)["message"]
+
+
+def test_draining_can_begin_while_a_held_request_registers() -> None:
+    # A signal handler runs on the loop's thread, between any two steps of hold(): one landing while
+    # hold() registers its waiter must neither deadlock nor be missed.
+    draining = Draining()
+
+    class SignalDuringAdd(set[Any]):
+        def add(self, item: Any) -> None:
+            super().add(item)
+            draining.begin()
+
+    draining._waiters = SignalDuringAdd()
+
+    async def held() -> str:
+        await asyncio.sleep(30)
+        return "work"
+
+    async def fallback() -> str:
+        return "answered at once"
+
+    results: list[str] = []
+    thread = threading.Thread(target=lambda: results.append(asyncio.run(draining.hold(held(), fallback))))
+    thread.daemon = True
+    thread.start()
+    thread.join(timeout=10)
+    assert results == ["answered at once"]

@@ -12,8 +12,10 @@ import httpx
 import pytest
 from storetools import request
 
+from fulgor.errors import StoreUnavailableError
 from fulgor.store import SyncStore
 from fulgor.store.client import StoreClient
+from fulgor.store.memory import MemoryStore
 from fulgor.store.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store.sqlite import SqliteStore
 from fulgor.types import AttemptedRollout
@@ -164,3 +166,52 @@ def test_bad_otlp_bodies_get_error_bodies(served: tuple[str, SyncStore]) -> None
     ]
     for response, status, code in cases:
         assert (response.status_code, response.json()["error"]["code"]) == (status, code), response.text
+
+
+def test_a_bad_span_is_rejected_alone_and_non_finite_doubles_are_kept(served: tuple[str, SyncStore]) -> None:
+    url, store = served
+    attempted = claimed(store)
+    document = otlp_json(attempted.rollout_id, attempted.attempt.attempt_id)
+    good = document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    spans = [
+        good,
+        {**good, "spanId": "01", "name": "huge", "startTimeUnixNano": "1" + "0" * 400},
+        {**good, "spanId": "02", "name": "nul\u0000name"},
+        {
+            **good,
+            "spanId": "03",
+            "name": "doubles",
+            "attributes": [
+                {"key": "nan", "value": {"doubleValue": "NaN"}},
+                {"key": "up", "value": {"doubleValue": "Infinity"}},
+                {"key": "down", "value": {"doubleValue": "-Infinity"}},
+            ],
+        },
+    ]
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"] = spans
+
+    response = post(url, json.dumps(document).encode())
+
+    assert response.status_code == 200
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "2"
+    assert "spans[1]: a time of 1000" in partial["errorMessage"]
+    assert "spans[2]: name must not contain NUL" in partial["errorMessage"]
+    stored = {span.name: span for span in store.query_spans(attempted.rollout_id)}
+    assert sorted(stored) == ["doubles", "fulgor.message"]
+    assert stored["doubles"].attributes == {"nan": "NaN", "up": "Infinity", "down": "-Infinity"}
+
+
+class _Down(MemoryStore):
+    async def add_spans(self, spans: Any) -> Any:
+        raise StoreUnavailableError("PostgreSQL at db:5432/fulgor failed: connection refused")
+
+
+def test_an_unavailable_store_is_a_503_the_exporter_retries() -> None:
+    with BackgroundServer(create_app(ServerConfig(store=_Down()))) as server:
+        response = httpx.post(
+            f"{server.url}/v1/traces",
+            content=json.dumps(otlp_json("ro-1", "at-1")).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "store_unavailable")

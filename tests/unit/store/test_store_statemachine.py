@@ -284,14 +284,18 @@ class StoreMachine(RuleBasedStateMachine):
                 attempt.status = rollout.status = "running"
                 attempt.last_active_time = self.clock.now
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def heartbeat(self, worker: str) -> None:
-        self.run(self.store.heartbeat(worker, {"n": 1}))
+    @rule(worker=st.sampled_from(WORKERS), named=st.none() | st.lists(st.integers(0, 100), max_size=3))
+    def heartbeat(self, worker: str, named: list[int] | None) -> None:
+        attempts = [attempt for rollout in self.rollouts.values() for attempt in rollout.attempts]
+        attempt_ids = None
+        if named is not None:  # any attempts, live or not, this worker's or not: only its live ones count
+            attempt_ids = [attempts[i % len(attempts)].attempt_id for i in named] if attempts else []
+        self.run(self.store.heartbeat(worker, {"n": 1}, attempt_ids))
         self.workers.add(worker)
-        for rollout in self.rollouts.values():
-            for attempt in rollout.attempts:
-                if attempt.live and attempt.worker_id == worker:
-                    attempt.last_active_time = self.clock.now
+        for attempt in attempts:
+            refreshed = attempt_ids is None or attempt.attempt_id in attempt_ids
+            if attempt.live and attempt.worker_id == worker and refreshed:
+                attempt.last_active_time = self.clock.now
 
     @precondition(lambda self: self.rollouts)
     @rule(indices=st.lists(st.integers(0, 100), min_size=1, max_size=2))
