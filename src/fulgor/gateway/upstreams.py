@@ -99,9 +99,8 @@ class UpstreamPool:
 
 def _timed_out_after_sending(error: OSError) -> bool:
     """True for a response that did not come in time, False for a connection that could not be
-    made (safe to send elsewhere). HttpClient raises the first from the TimeoutError it caught and
-    the second ``from None``."""
-    return isinstance(error, TransportError) and error.timed_out and isinstance(error.__cause__, TimeoutError)
+    made (safe to send elsewhere)."""
+    return isinstance(error, TransportError) and error.timed_out and error.sent
 
 
 def _headers(upstream: Upstream) -> str:

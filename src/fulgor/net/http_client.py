@@ -31,11 +31,17 @@ _LIMIT = 2**26  # the longest header block or chunk-size line accepted
 
 
 class TransportError(OSError):
-    """No complete HTTP response: closed early, malformed, or not within the timeout."""
+    """No complete HTTP response: closed early, malformed, or not within the timeout.
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+    ``sent`` tells whether the request had gone out: a timeout with ``sent`` False is a connection
+    that could not be made (safe to send elsewhere), with ``sent`` True a server that took the
+    request and has not answered (it may still be working on it).
+    """
+
+    def __init__(self, message: str, *, timed_out: bool = False, sent: bool = True) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.sent = sent
 
 
 def split_url(url: str) -> tuple[Origin, str]:
@@ -247,7 +253,7 @@ class HttpClient:
                 reader, writer = await asyncio.open_connection(host, port, ssl=context, limit=_LIMIT)
         except TimeoutError:
             raise TransportError(
-                f"could not connect within {self.connect_timeout_seconds:g} s", timed_out=True
+                f"could not connect within {self.connect_timeout_seconds:g} s", timed_out=True, sent=False
             ) from None
         return _Connection(origin, reader, writer)
 

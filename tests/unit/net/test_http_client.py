@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pytest
 
@@ -115,10 +116,35 @@ async def test_a_whole_body_and_a_reply_too_slow_is_a_timed_out_transport_error(
                 "GET", ("http", "127.0.0.1", server.sockets[0].getsockname()[1]), "/", "", timeout_seconds=0.2
             )
         assert raised.value.timed_out
+        assert raised.value.sent  # the server took the request: it may still be working on it
         assert isinstance(raised.value, OSError)
     finally:
         server.close()
         await client.close()
+
+
+async def test_a_connection_not_made_in_time_is_a_timed_out_transport_error_before_sending() -> None:
+    """A listener whose accept queue is full leaves new connections hanging: nothing was sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    fillers = []
+    try:
+        for _ in range(4):  # more than the queue holds; later SYNs go unanswered
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(address)
+            fillers.append(filler)
+        client = HttpClient(connect_timeout_seconds=0.3)
+        with pytest.raises(TransportError) as raised:
+            await client.request("GET", ("http", *address), "/", "")
+        assert raised.value.timed_out
+        assert not raised.value.sent
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
 
 
 async def test_a_response_cut_short_is_a_transport_error() -> None:
