@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -20,6 +22,7 @@ from tests.engine_support import ADD_TOOL  # noqa: E402
 
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
+from fulgor.engine.scheduler import Event, FinishEvent  # noqa: E402
 from fulgor.engine.server import create_app  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
@@ -141,9 +144,48 @@ def test_stop_strings_cut_the_text(client: Any) -> None:
     full = client.chat.completions.create(**request, extra_body={"ignore_eos": True})
     text = full.choices[0].message.content
     stop = next(text[i : i + 3] for i in range(6, len(text) - 3) if "\ufffd" not in text[i : i + 3])
-    cut = client.chat.completions.create(**request, stop=[stop])
+    cut = client.chat.completions.create(**request, stop=["never said", stop])
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert full.choices[0].model_extra["stop_reason"] is None  # ended at its length limit
+    assert cut.choices[0].model_extra["stop_reason"] == stop
+
+    chunks = list(client.chat.completions.create(**request, stop=["never said", stop], stream=True))
+    finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [(c.finish_reason, c.model_extra["stop_reason"]) for c in finishing] == [("stop", stop)]
+    assert all("stop_reason" not in c.choices[0].model_extra for c in chunks[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text[: text.index(stop)]
+
+
+def test_stop_token_ids_end_the_choice_and_are_named_as_its_stop_reason(
+    client: Any, engine: LocalEngine, url: str
+) -> None:
+    request: dict[str, Any] = {"model": MODEL, "prompt": "Tell me a story", "max_tokens": 16, "seed": 5}
+    options = {"ignore_eos": True, "return_token_ids": True}
+    full = client.completions.create(**request, extra_body=options).choices[0]
+    ids = full.model_extra["token_ids"]
+    assert (full.finish_reason, full.model_extra["stop_reason"]) == ("length", None)
+    at = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])
+
+    stopped = client.completions.create(**request, extra_body={**options, "stop_token_ids": [ids[at]]})
+    choice = stopped.choices[0]
+    assert (choice.finish_reason, choice.model_extra["stop_reason"]) == ("stop", ids[at])
+    # As in vLLM, the stop token stays in the token ids but adds no text.
+    assert choice.model_extra["token_ids"] == ids[: at + 1]
+    assert choice.text == engine.tokenizer.decode(ids[:at], skip_special_tokens=True)
+
+    stream = client.completions.create(
+        **request, stream=True, extra_body={**options, "stop_token_ids": [ids[at]]}
+    )
+    chunks = [c.choices[0] for c in stream]
+    assert [c.model_extra["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [ids[at]]
+    assert chunks[-1].finish_reason == "stop"
+    assert [i for c in chunks for i in c.model_extra.get("token_ids") or []] == ids[: at + 1]
+    assert "".join(c.text for c in chunks) == choice.text
+
+    bad = _post(url, "/v1/completions", {**request, "stop_token_ids": [-1]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "stop_token_ids"
 
 
 def test_streaming_chat_matches_the_unstreamed_response(client: Any) -> None:
@@ -165,7 +207,8 @@ def test_streaming_chat_matches_the_unstreamed_response(client: Any) -> None:
     assert content == whole.choices[0].message.content
     assert ids == whole.choices[0].model_extra["token_ids"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
     assert all(c.model_extra["model_version"] == 0 for c in chunks)
 
 
@@ -184,6 +227,23 @@ def test_streaming_completion(client: Any) -> None:
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == 6
     assert chunks[0].choices[0].model_extra["prompt_token_ids"]
+
+
+def test_streamed_completions_end_with_the_usage_when_asked(client: Any) -> None:
+    request: dict[str, Any] = {"model": MODEL, "prompt": "The answer is", "max_tokens": 5, "n": 2}
+    whole = client.completions.create(**request, extra_body={"ignore_eos": True})
+    chunks = list(
+        client.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+        )
+    )
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    usage = whole.usage
+    assert (usage.completion_tokens, usage.total_tokens) == (10, usage.prompt_tokens + 10)
+    assert all(c.usage is None for c in chunks[:-1])
+    without = list(client.completions.create(**request, stream=True, extra_body={"ignore_eos": True}))
+    assert all(c.choices and c.usage is None for c in without)
 
 
 def test_tools_and_tool_results_reach_the_prompt(client: Any, engine: LocalEngine) -> None:
@@ -257,6 +317,111 @@ def test_bad_input_gets_a_clear_400_and_the_engine_keeps_serving(url: str, clien
     assert client.chat.completions.create(model=MODEL, messages=chat["messages"], max_tokens=2).choices
 
 
+def test_image_and_audio_content_parts_are_refused(url: str, client: Any) -> None:
+    parts = [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    ]
+    for part in parts:
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [part]}]}
+        response = _post(url, "/v1/chat/completions", body)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == (
+            "invalid_request_error",
+            "invalid_parameter",
+            "messages.0.content",
+        )
+        assert f"content parts of type '{part['type']}' are not supported" in error["message"]
+        assert "text only" in error["message"]
+    as_parts = [
+        {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}
+    ]
+    as_text = [{"role": "user", "content": "hi there"}]
+    prompts = [
+        client.chat.completions.create(
+            model=MODEL, messages=m, max_tokens=1, extra_body={"return_token_ids": True}
+        ).model_extra["prompt_token_ids"]
+        for m in (as_parts, as_text)
+    ]
+    assert prompts[0] == prompts[1]
+
+
+def test_unknown_paths_and_methods_get_openai_errors(url: str) -> None:
+    for method, path in [("POST", "/v1/responses"), ("GET", "/v1/models/tiny")]:
+        response = httpx.request(method, f"{url}{path}", json={}, timeout=30)
+        assert response.status_code == 404
+        error = response.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "not_found", None)
+        assert f"no endpoint {method} {path}" in error["message"]
+        assert "POST /v1/chat/completions" in error["message"]
+    response = httpx.get(f"{url}/v1/chat/completions", timeout=30)
+    assert response.status_code == 405
+    assert response.headers["allow"] == "POST"
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "method_not_allowed")
+    assert "takes POST" in error["message"]
+
+
+def test_a_forced_tool_choice_is_refused_with_what_is_supported(url: str, client: Any) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "tools": TOOLS}
+    for choice in ["required", {"type": "function", "function": {"name": "add"}}]:
+        response = _post(url, "/v1/chat/completions", {**chat, "tool_choice": choice})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "tool_choice"
+        assert f"{json.dumps(choice)} is not supported" in error["message"]
+        assert 'takes tool_choice "auto"' in error["message"]
+        assert '"none"' in error["message"]
+        assert "Value error" not in error["message"]
+    for choice in ["auto", "none"]:
+        assert _post(url, "/v1/chat/completions", {**chat, "tool_choice": choice}).status_code == 200
+
+
+async def _until(condition: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
+    """Wait for a state change on the engine's generation thread, which offers no event to await."""
+    for _ in range(int(timeout_seconds / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Count"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
+    ],
+)
+async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
+    url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    ends: list[str] = []
+    generate = engine.generate
+
+    async def watched(*args: Any, **kwargs: Any) -> AsyncIterator[tuple[int, Event]]:
+        finished = False
+        try:
+            async for index, event in generate(*args, **kwargs):
+                finished = finished or isinstance(event, FinishEvent)
+                yield index, event
+        finally:
+            ends.append("finished" if finished else "cancelled")
+
+    monkeypatch.setattr(engine, "generate", watched)
+    request = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, **body}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        call = asyncio.create_task(http.post(path, json=request))
+        await _until(lambda: engine.stats()["running"] == 1)
+        call.cancel()  # the caller goes away: the connection closes
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    await _until(lambda: bool(ends))
+    assert ends == ["cancelled"]
+    await _until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
+
+
 def test_health(url: str) -> None:
     body = httpx.get(f"{url}/health").json()
     assert body["status"] == "ok"
@@ -279,6 +444,10 @@ async def _timed_requests(url: str, concurrency: int, total: int, max_tokens: in
                 tokens: int = response.json()["usage"]["completion_tokens"]
                 return tokens
 
+        # A full collection of this process's heap (the test session's models and modules) takes
+        # about half a second on a loaded CPU; one landing in a timed window measures the collector,
+        # not batching. Collecting first leaves too few new objects to trigger another meanwhile.
+        gc.collect()
         started = time.perf_counter()
         tokens = sum(await asyncio.gather(*(one() for _ in range(total))))
         elapsed = time.perf_counter() - started

@@ -18,7 +18,8 @@ class TextTracker:
     """Follows one sequence's output tokens and turns them into text deltas.
 
     ``push`` returns True when the text now contains one of the stop strings; the text is then cut
-    just before it, as the OpenAI API does.
+    just before it, as the OpenAI API does, and ``stop_string`` names the one that matched (the
+    earliest in the text; of two starting at the same place, the first in ``stop``).
     """
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
@@ -32,6 +33,7 @@ class TextTracker:
         self._emitted = 0
         self.text = ""
         self.stopped = False
+        self.stop_string: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
         text: str = self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -54,10 +56,11 @@ class TextTracker:
         if not self._stop:
             return False
         start = max(0, self._searched_upto - self._hold)
-        hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+        hits = [(at, stop) for stop in self._stop if (at := self.text.find(stop, start)) >= 0]
         self._searched_upto = len(self.text)
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self.stop_string = min(hits, key=lambda hit: hit[0])
+            self.text = self.text[:at]
             self.stopped = True
         return self.stopped
 

@@ -1,16 +1,18 @@
 """Request bodies of the OpenAI-compatible API, with vLLM's extensions that training needs.
 
 Fields the OpenAI SDK or agent frameworks commonly send but that do not change sampling (``user``,
-``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted and ignored; parameters that would
-change sampling and that the local engine does not implement are rejected with a message naming
-them, never silently ignored.
+``metadata``, ``store``, ``parallel_tool_calls``, ...) are accepted and ignored; parameters and
+content that would change the output and that the local engine does not implement (penalties,
+``logit_bias``, image or audio content parts, a forced ``tool_choice``) are rejected with a message
+naming them, never silently ignored.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fulgor.engine.sampling import MAX_TOP_LOGPROBS
 
@@ -54,6 +56,18 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        for part in content if isinstance(content, list) else ():
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"content parts of type {part.get('type')!r} are not supported: this engine takes "
+                    "text only; send the content as a string or as parts "
+                    '{"type": "text", "text": "..."}'
+                )
+        return content
+
 
 class _Sampling(_Body):
     """Parameters shared by chat and text completions."""
@@ -63,6 +77,7 @@ class _Sampling(_Body):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -100,13 +115,28 @@ class ChatCompletionRequest(_Sampling):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: dict[str, Any] | None = None
     return_tokens_as_token_ids: bool = False
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_supported(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        # "required" and a named function promise a call; vLLM keeps that promise with guided decoding
+        # of the tool's JSON schema, which this engine does not have, and prompting alone cannot.
+        if value is None or value in ("auto", "none"):
+            return value
+        raise ValueError(
+            f'{json.dumps(value)} is not supported: this engine takes tool_choice "auto" (the '
+            'default: the model decides whether to call a tool) or "none" (the output is text only); '
+            'it cannot guarantee a tool call ("required") or a call to a named function, which takes '
+            'constrained decoding. Send "auto" and name the tool to call in the prompt, or serve the '
+            "model with `fulgor engine --backend vllm`, which supports both"
+        )
 
     @model_validator(mode="after")
     def _chat_supported(self) -> ChatCompletionRequest:

@@ -3,6 +3,8 @@
 With ``return_token_ids`` set, chat responses carry ``prompt_token_ids`` on the response and
 ``token_ids`` on each choice; text completions carry both on each choice (vLLM's layout). Every
 response and every stream chunk carries ``model_version``: the weights version that produced it.
+Every finished choice carries vLLM's ``stop_reason``: the stop string or stop token id that ended
+it, null when it ended on an end-of-sequence token or at its length limit.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def chat_choice(
         if logprobs
         else None,
         "finish_reason": chat_finish_reason(parsed, event.finish_reason),
+        "stop_reason": event.stop_reason,
         "model_version": event.model_version,
     }
     if return_token_ids:
@@ -153,6 +156,7 @@ def completion_choice(
             else None
         ),
         "finish_reason": event.finish_reason,
+        "stop_reason": event.stop_reason,
         "model_version": event.model_version,
     }
     if return_token_ids:

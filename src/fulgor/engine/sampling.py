@@ -23,6 +23,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
     ignore_eos: bool = False

@@ -45,7 +45,11 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """A sequence ended; carries its whole output."""
+    """A sequence ended; carries its whole output.
+
+    ``stop_reason`` is vLLM's: the stop string or stop token id that ended the sequence, None when
+    it ended on an end-of-sequence token or at its length limit.
+    """
 
     finish_reason: str
     text: str
@@ -53,6 +57,7 @@ class FinishEvent:
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]
     model_version: int
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     tracker: TextTracker | None = None
     generator: Any = None
 
@@ -308,23 +314,37 @@ class Scheduler:
         sequence.output_ids.append(token)
         sequence.logprobs.append(logprob)
         sequence.top_logprobs.append(top)
-        stopped = sequence.tracker.push(token) if sequence.tracker is not None else False
-        total = len(sequence.prompt_ids) + len(sequence.output_ids)
-        if (not sequence.params.ignore_eos and token in self._model.eos_token_ids) or stopped:
-            sequence.finish_reason = "stop"
-        elif len(sequence.output_ids) >= sequence.params.max_tokens or total >= self._model.max_model_len:
-            sequence.finish_reason = "length"
+        self._check_finished(sequence, token)
         if sequence.stream:
             text = sequence.tracker.take_delta() if sequence.tracker is not None else ""
             sequence.sink(TokenEvent(token, logprob, top, text, self._version))
         if sequence.finish_reason is not None:
             self._finish(sequence)
 
+    def _check_finished(self, sequence: Sequence, token: int) -> None:
+        """Set the finish and stop reasons when ``token`` ends ``sequence`` (vLLM's rules)."""
+        params = sequence.params
+        # A stop token id stays in the token ids but adds no text, as in vLLM.
+        stop_token = token in params.stop_token_ids
+        tracker = sequence.tracker
+        stopped = tracker.push(token) if tracker is not None and not stop_token else False
+        total = len(sequence.prompt_ids) + len(sequence.output_ids)
+        if not params.ignore_eos and token in self._model.eos_token_ids:
+            sequence.finish_reason = "stop"
+        elif stop_token:
+            sequence.finish_reason, sequence.stop_reason = "stop", token
+        elif stopped and tracker is not None:
+            sequence.finish_reason, sequence.stop_reason = "stop", tracker.stop_string
+        elif len(sequence.output_ids) >= params.max_tokens or total >= self._model.max_model_len:
+            sequence.finish_reason = "length"
+
     def _finish(self, sequence: Sequence) -> None:
         if sequence.tracker is not None:
             text = sequence.tracker.finish()
         else:
-            text = self._model.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
+            stop_token = isinstance(sequence.stop_reason, int)
+            ids = sequence.output_ids[:-1] if stop_token else sequence.output_ids
+            text = self._model.tokenizer.decode(ids, skip_special_tokens=True)
         assert sequence.finish_reason is not None
         event = FinishEvent(
             finish_reason=sequence.finish_reason,
@@ -333,6 +353,7 @@ class Scheduler:
             logprobs=list(sequence.logprobs),
             top_logprobs=list(sequence.top_logprobs),
             model_version=self._version,
+            stop_reason=sequence.stop_reason,
         )
         sequence.sink(event)
 

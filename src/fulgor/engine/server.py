@@ -3,8 +3,10 @@
 ``create_app(engine)`` builds the FastAPI app; its lifespan starts and stops the engine's generation
 thread. Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /health`` and ``POST /admin/weights`` (needs ``Authorization: Bearer <admin token>``).
-Errors are ``{"error": {"message", "type", "code", "param"}}`` bodies; engine errors map to HTTP
-statuses here and nowhere else.
+Every error answer, unknown paths and methods included, is an ``{"error": {"message", "type",
+"code", "param"}}`` body; engine errors map to HTTP statuses here and nowhere else. A client that
+disconnects before its whole (non-streamed) answer is ready cancels the generation, as a streaming
+client does by going away.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fulgor.engine.errors import (
     AdminAuthError,
@@ -40,6 +43,14 @@ __all__ = ["create_app", "error_body"]
 
 logger = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
+# nginx's "client closed request": nobody reads it, but the access log shows why the request ended.
+_CLIENT_GONE = 499
+_ENDPOINTS = (
+    "GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, POST /admin/weights"
+)
+
 
 def error_body(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
     kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
@@ -58,16 +69,40 @@ def _status(error: EngineError) -> int:
     return 503
 
 
+def _problem(error: Any) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "body"
+    cause = error.get("ctx", {}).get("error")
+    # Our own validators' messages stand as written, without pydantic's "Value error, " prefix.
+    message = str(cause) if error.get("type") == "value_error" and cause else error.get("msg", "invalid")
+    return f"{where}: {message}"
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Unknown paths and methods, answered in the OpenAI error shape rather than Starlette's."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        code, message = "not_found", f"no endpoint {where}; this engine serves {_ENDPOINTS}"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        code, message = "method_not_allowed", f"{where} is not allowed; {request.url.path} takes {allowed}"
+    else:
+        code, message = "http_error", f"{where}: {exc.detail}"
+    response = error_body(exc.status_code, code, message)
+    response.headers.update(exc.headers or {})
+    return response
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "body"
-            problems.append(f"{where}: {error.get('msg', 'invalid')}")
+        problems = [_problem(error) for error in exc.errors()]
         first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
         param = ".".join(str(p) for p in first[1:]) or None
         return error_body(400, "invalid_parameter", "invalid request: " + "; ".join(problems), param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _http_error(request, exc)
 
     @app.exception_handler(EngineError)
     async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
@@ -84,16 +119,26 @@ def _check_model(engine: LocalEngine, requested: str) -> None:
         raise UnknownModelError(requested, engine.model_name)
 
 
+def _stop_token_ids(engine: LocalEngine, body: ChatCompletionRequest | CompletionRequest) -> tuple[int, ...]:
+    ids = tuple(body.stop_token_ids or ())
+    vocab_size = len(engine.tokenizer)
+    if any(i < 0 or i >= vocab_size for i in ids):
+        raise InvalidRequestError(f"stop_token_ids must lie in [0, {vocab_size})", "stop_token_ids")
+    return ids
+
+
 def _sampling_params(
-    body: ChatCompletionRequest | CompletionRequest, max_tokens: int, top_logprobs: int
+    engine: LocalEngine, body: ChatCompletionRequest | CompletionRequest, max_tokens: int, top_logprobs: int
 ) -> list[SamplingParams]:
     """One set of parameters per choice; a seed gives choice i the seed ``seed + i``."""
+    stop_token_ids = _stop_token_ids(engine, body)
     return [
         SamplingParams(
             max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             stop=body.stop_strings,
+            stop_token_ids=stop_token_ids,
             seed=None if body.seed is None else body.seed + i,
             top_logprobs=top_logprobs,
             ignore_eos=body.ignore_eos,
@@ -112,16 +157,54 @@ async def _finished(
     return [results[i] for i in range(len(params))]
 
 
-async def _chat(engine: LocalEngine, body: ChatCompletionRequest) -> Response:
+async def _finished_prompts(
+    engine: LocalEngine, prompts: list[list[int]], params: list[list[SamplingParams]]
+) -> list[list[FinishEvent]]:
+    runs = [_finished(engine, ids, p) for ids, p in zip(prompts, params, strict=True)]
+    return await asyncio.gather(*runs)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns once the client has disconnected (the request body has been read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_gone(request: Request, work: Coroutine[Any, Any, _T]) -> _T | None:
+    """``work``'s result, or None once the client disconnects first, which cancels ``work``.
+
+    Cancelling closes ``engine.generate``, which cancels its sequences: without this a whole answer
+    nobody waits for would generate to max_tokens, holding a batch slot and delaying weight swaps,
+    which wait for the running batch to drain. (Streams stop when their response can no longer be
+    sent.)
+    """
+    job = asyncio.create_task(work)
+    watcher = asyncio.create_task(_client_gone(request))
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        finished = job.done()
+        job.cancel()
+    if finished:
+        return job.result()
+    await asyncio.wait({job})  # let generate's cleanup run before the request ends
+    logger.info("%s %s: the client disconnected; generation cancelled", request.method, request.url.path)
+    return None
+
+
+async def _chat(engine: LocalEngine, request: Request, body: ChatCompletionRequest) -> Response:
     _check_model(engine, body.model)
     prompt_ids = chat_prompt_ids(engine.tokenizer, body)
     max_tokens = engine.check_context(len(prompt_ids), body.max_output_tokens)
-    params = _sampling_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else 0)
+    params = _sampling_params(engine, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else 0)
     ctx = ResponseContext(engine.tokenizer, engine.model_name, "chat", body.return_tokens_as_token_ids)
     if body.stream:
         stream = chat_stream(engine, ctx, body, prompt_ids, params)
         return StreamingResponse(stream, media_type="text/event-stream")
-    events = await _finished(engine, prompt_ids, params)
+    events = await _unless_client_gone(request, _finished(engine, prompt_ids, params))
+    if events is None:
+        return Response(status_code=_CLIENT_GONE)
     options = {
         "tools_active": body.tools_active,
         "logprobs": body.logprobs,
@@ -135,7 +218,7 @@ async def _chat(engine: LocalEngine, body: ChatCompletionRequest) -> Response:
     return JSONResponse(result)
 
 
-async def _completions(engine: LocalEngine, body: CompletionRequest) -> Response:
+async def _completions(engine: LocalEngine, request: Request, body: CompletionRequest) -> Response:
     _check_model(engine, body.model)
     prompts = completion_prompt_ids(engine.tokenizer, body)
     limits = [engine.check_context(len(ids), body.max_tokens) for ids in prompts]
@@ -146,13 +229,13 @@ async def _completions(engine: LocalEngine, body: CompletionRequest) -> Response
             raise InvalidRequestError(
                 "streaming takes one prompt per request; send the prompts separately", "prompt"
             )
-        stream = completion_stream(engine, ctx, body, prompts[0], _sampling_params(body, limits[0], top))
+        params = _sampling_params(engine, body, limits[0], top)
+        stream = completion_stream(engine, ctx, body, prompts[0], params)
         return StreamingResponse(stream, media_type="text/event-stream")
-    runs = [
-        _finished(engine, ids, _sampling_params(body, limit, top))
-        for ids, limit in zip(prompts, limits, strict=True)
-    ]
-    per_prompt = await asyncio.gather(*runs)
+    per_params = [_sampling_params(engine, body, limit, top) for limit in limits]
+    per_prompt = await _unless_client_gone(request, _finished_prompts(engine, prompts, per_params))
+    if per_prompt is None:
+        return Response(status_code=_CLIENT_GONE)
     choices = []
     for j, (ids, events) in enumerate(zip(prompts, per_prompt, strict=True)):
         for i, event in enumerate(events):
@@ -182,12 +265,12 @@ def _openai_router(engine: LocalEngine) -> APIRouter:
         return {"object": "list", "data": [card]}
 
     @router.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
-        return await _chat(engine, body)
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+        return await _chat(engine, request, body)
 
     @router.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Response:
-        return await _completions(engine, body)
+    async def completions(request: Request, body: CompletionRequest) -> Response:
+        return await _completions(engine, request, body)
 
     @router.get("/health")
     async def health() -> dict[str, Any]:

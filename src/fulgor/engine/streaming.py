@@ -4,7 +4,10 @@ Each choice's first chunk carries the assistant role (chat) and, with ``return_t
 prompt ids; every token then gets a chunk with its text delta, its ``token_ids`` and its logprobs as
 requested. When tools are active, text is held back until the sequence ends, because only then can
 the output be told apart from a tool call; the last chunk then carries the content or the
-``tool_calls``. An engine error mid-stream becomes an ``error`` event before ``[DONE]``.
+``tool_calls``. The chunk that ends a choice carries its ``finish_reason`` and vLLM's ``stop_reason``
+(text completion chunks carry both on every chunk, null until the end, as vLLM's do). With
+``stream_options.include_usage`` a last chunk with no choices carries the ``usage`` of the whole
+request. An engine error mid-stream becomes an ``error`` event before ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class _ChatChunks:
             "delta": delta,
             "logprobs": None,
             "finish_reason": chat_finish_reason(parsed, event.finish_reason),
+            "stop_reason": event.stop_reason,
         }
         return [self._chunk(event.model_version, choice)]
 
@@ -156,7 +160,12 @@ async def completion_stream(
         async for index, event in engine.generate(prompt_ids, params, stream=True):
             first = index not in sent
             sent.setdefault(index, "")
-            choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": None}
+            choice: dict[str, Any] = {
+                "index": index,
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+            }
             if isinstance(event, TokenEvent):
                 completion_tokens += 1
                 version = event.model_version
@@ -173,6 +182,7 @@ async def completion_stream(
                 version = event.model_version
                 choice["text"] = event.text[len(sent[index]) :]
                 choice["finish_reason"] = event.finish_reason
+                choice["stop_reason"] = event.stop_reason
             if first and body.return_token_ids:
                 choice["prompt_token_ids"] = prompt_ids
             payload = ctx.envelope("text_completion", version)

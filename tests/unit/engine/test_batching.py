@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,24 @@ async def test_stop_conditions(engine: LocalEngine) -> None:
     assert stopped.finish_reason == "stop"
     assert stop_at not in stopped.text
     assert greedy.text.startswith(stopped.text)
+    assert (length.stop_reason, greedy.stop_reason, stopped.stop_reason) == (None, None, stop_at)
+
+
+async def test_a_stop_token_id_ends_the_sequence_without_adding_text(engine: LocalEngine) -> None:
+    prompt = _encode(engine, PROMPTS[3])
+    seeded = SamplingParams(max_tokens=20, seed=3, ignore_eos=True)
+    ids = (await _run(engine, prompt, seeded)).token_ids
+    at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    for stream in (False, True):
+        params = dataclasses.replace(seeded, stop_token_ids=(ids[at],))
+        events = [event async for _, event in engine.generate(prompt, [params], stream=stream)]
+        finish = events[-1]
+        assert isinstance(finish, FinishEvent)
+        assert (finish.finish_reason, finish.stop_reason) == ("stop", ids[at])
+        assert finish.token_ids == ids[: at + 1]
+        assert finish.text == engine.tokenizer.decode(ids[:at], skip_special_tokens=True)
+        streamed = "".join(e.text for e in events if isinstance(e, TokenEvent))
+        assert finish.text.startswith(streamed)
 
 
 async def test_streamed_tokens_match_the_finished_sequence(engine: LocalEngine) -> None:

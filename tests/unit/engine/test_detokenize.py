@@ -38,6 +38,18 @@ def test_stop_string_across_tokens_cuts_the_text(tiny_model: Any) -> None:
     assert hit_at is not None
     assert hit_at < len(ids) - 1
     assert tracker.finish() == "The answer is 5. "
+    assert tracker.stop_string == "STOP here"
+
+
+def test_the_stop_string_that_matched_is_named(tiny_model: Any) -> None:
+    tokenizer = tiny_model.tokenizer
+    tracker = TextTracker(tokenizer, stop=("more", "answer"))
+    assert tracker.stop_string is None
+    for token in _ids(tokenizer, "The answer is 5, and more"):
+        if tracker.push(token):
+            break
+    assert tracker.finish() == "The "
+    assert tracker.stop_string == "answer"
 
 
 def test_text_that_may_become_a_stop_string_is_held_back(tiny_model: Any) -> None:
