@@ -21,6 +21,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--store",
+        "--server",
+        dest="store",
         default="sqlite:///runs/default/store.sqlite",
         help="a store every worker process can open: sqlite:///PATH or `fulgor serve`'s http://HOST:PORT",
     )
