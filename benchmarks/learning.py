@@ -29,11 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from examples.calc.train import run_demo  # noqa: E402
+from fulgor.adapters import DriftReport  # noqa: E402
 
 # Tokens lost or not the engine's: must be zero. Merge breaks (a sampled tokenisation that
 # re-encoding does not give back, so the next call starts a new row; the sampled ids are still what
 # is trained) are reported beside them.
-PROBLEMS = ("calls_missing_ids", "calls_missing_logprobs", "truncated_rows", "dropped_rows", "id_mismatches")
+PROBLEMS = DriftReport.LOSSES
 
 
 def main() -> int:

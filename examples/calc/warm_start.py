@@ -94,6 +94,7 @@ def warm_start(
     import torch
 
     from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
+    from fulgor.engine.loading import eos_token_ids
     from fulgor.training.checkpoints import load_policy
 
     config = config or WarmStartConfig()
@@ -101,6 +102,7 @@ def warm_start(
     rng = random.Random(config.seed)
     policy = load_policy(Path(base), "cpu")
     updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
+    stops = eos_token_ids(policy.model, policy.tokenizer)  # where the engine ends a turn
     # A short linear warm-up (a fresh model's first gradients are wild), the full rate while every
     # solution uses the tool, then a decay to a quarter: the second phase sets how often the model
     # reaches for the tool without unlearning how.
@@ -117,7 +119,12 @@ def warm_start(
         batch = rng.sample(list(tasks), config.batch_size)
         fraction = 1.0 if step <= config.tool_steps else config.tool_fraction
         rows = [
-            chat_row(policy.tokenizer, solution(task, rng.random() < fraction), [CALCULATOR_TOOL])
+            chat_row(
+                policy.tokenizer,
+                solution(task, rng.random() < fraction),
+                [CALCULATOR_TOOL],
+                stop_token_ids=stops,
+            )
             for task in batch
         ]
         metrics = updater.step(rows)

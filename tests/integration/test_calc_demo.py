@@ -16,20 +16,14 @@ pytest.importorskip("openai")
 
 from examples.calc.train import main, run_demo
 from examples.calc.warm_start import WarmStartConfig
+from fulgor.adapters import DriftReport
 from fulgor.training.run_report import read_metrics
 
-PROBLEMS = (
-    "calls_missing_ids",
-    "calls_missing_logprobs",
-    "merge_breaks",
-    "truncated_rows",
-    "dropped_rows",
-    "id_mismatches",
-)
-# Tokens lost or not the engine's: never acceptable. (A merge break trains the sampled ids exactly, in
-# a new row: it happens when the model samples a tokenisation of its text that re-encoding does not
-# give back, which a model sampling at temperature 1 may do.)
-LOST = ("calls_missing_ids", "calls_missing_logprobs", "truncated_rows", "dropped_rows", "id_mismatches")
+PROBLEMS = (*DriftReport.LOSSES, "merge_breaks")
+# Tokens lost or not the engine's (DriftReport.LOSSES) are never acceptable. A merge break trains
+# the sampled ids exactly, in a new row: it happens when the model samples a tokenisation of its
+# text that re-encoding does not give back, which a model sampling at temperature 1 may do.
+LOST = DriftReport.LOSSES
 
 
 def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:

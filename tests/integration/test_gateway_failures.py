@@ -12,7 +12,7 @@ import openai
 import pytest
 from gateway_support import JsonDict, RawUpstream, gateway_env, sse_event, write_stream
 
-from fulgor.gateway import GatewayConfig
+from fulgor.gateway import GatewayConfig, Upstream
 from fulgor.testing import ScriptedOpenAIServer
 
 CHAT: Any = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -160,6 +160,18 @@ async def test_the_usage_chunk_reaches_only_agents_that_asked_for_it() -> None:
         calls = await env.calls(rollout, 2)
         assert not any(call.token_ids_missing for call in calls)
         assert [call.response_token_ids for call in calls] == [[111, 107]] * 2
+
+
+async def test_an_upstream_not_asked_for_ids_gets_the_agents_request_unchanged() -> None:
+    """``request_token_ids=False`` is for APIs that reject fields they do not know: fulgor adds
+    neither its id request nor a usage request to what the agent sent."""
+    async with ScriptedOpenAIServer() as upstream:
+        replica = Upstream(upstream.url, request_token_ids=False)
+        async with gateway_env([replica]) as env:
+            _, base_url = await env.rollout()
+            async with httpx.AsyncClient() as http:
+                await http.post(f"{base_url}/chat/completions", json={**CHAT, "stream": True})
+    assert upstream.requests[0] == {**CHAT, "stream": True}
 
 
 async def test_an_upstream_error_chunk_reaches_the_openai_agent_and_is_recorded() -> None:

@@ -26,6 +26,7 @@ from tests.process_support import command_line, descendants
 from tests.tracking_support import tensorboard_scalars, wandb_history
 
 from fulgor import GRPO, LLM, Trainer, rollout, semconv
+from fulgor.adapters import DriftReport
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import token_logprobs
 from fulgor.algorithms.lora import LoraConfig
@@ -43,14 +44,7 @@ TASKS = [
     {"prompt": "Name a colour.", "letter": "a"},
     {"prompt": "Count to three.", "letter": "o"},
 ]
-PROBLEMS = (
-    "calls_missing_ids",
-    "calls_missing_logprobs",
-    "merge_breaks",
-    "truncated_rows",
-    "dropped_rows",
-    "id_mismatches",
-)
+PROBLEMS = (*DriftReport.LOSSES, "merge_breaks")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ Rules (DESIGN.md, "Trajectories"):
   would silently skew it.
 * The rollout reward (the primary value of its last ``fulgor.reward`` span) is the reward of
   every row. ``reward_mode="per_call"`` also fills each row's ``returns``: per token, the rewards
-  emitted after its call ended (until the next call ended), plus later ones discounted by
+  emitted after its call started (until the next call started), plus later ones discounted by
   ``discount`` per later call. The built-in GRPO update trains on the rollout reward; ``returns``
   are there for algorithms that assign credit per call.
 * ``agent_match`` (a regular expression on the recorded agent name) keeps only the calls of the
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fulgor import semconv
 from fulgor.types import ModelCall, Rollout, Span
@@ -88,6 +88,16 @@ class DriftReport:
     dropped_rows: int = 0
     rollouts_without_calls: int = 0
     id_mismatches: int = 0
+
+    LOSSES: ClassVar[tuple[str, ...]] = (
+        "calls_missing_ids",
+        "calls_missing_logprobs",
+        "truncated_rows",
+        "dropped_rows",
+        "id_mismatches",
+    )
+    """Counters of calls or tokens not trained as the engine sampled them: 0 in a healthy run. (A
+    merge break is not one: it trains the sampled ids exactly, in a new row.)"""
 
     def add(self, other: DriftReport) -> None:
         for name in vars(self):
@@ -183,13 +193,16 @@ def _call_returns(
 ) -> list[float]:
     if reward_mode == "final":
         return [final_reward] * len(calls)
-    # Rewards emitted after call i ended (and before call i+1 ended) belong to call i; the first
-    # call also takes any emitted before it. By time, not store order: the gateway writes model
-    # call spans in batches, so a reward can reach the store before the call it follows.
-    ends = [span.start_time if span.end_time is None else span.end_time for span, _ in calls]
+    # A reward belongs to the call that started last before it was emitted; the first call also
+    # takes any emitted before it. By time, not store order: the gateway writes model call spans
+    # in batches, so a reward can reach the store before the call it follows. Start times, not
+    # end times: a call's duration leaves room for the clocks of the gateway (the call's times)
+    # and the runner (the reward's) to differ a little.
+    starts = [span.start_time for span, _ in calls]
     immediate = [0.0] * len(calls)
     for reward_span in _reward_spans(spans):
-        index = max(0, sum(1 for end in ends if end <= reward_span.start_time) - 1)
+        before = [i for i, start in enumerate(starts) if start <= reward_span.start_time]
+        index = max(before, key=lambda i: starts[i]) if before else 0
         immediate[index] += float(reward_span.attributes[semconv.ATTR_REWARD_VALUE])
     returns = [0.0] * len(calls)
     running = 0.0

@@ -45,12 +45,13 @@ class SpanRecorder:
     """Collects spans from any thread and writes them to the store in batches.
 
     ``record`` never blocks and never talks to the store; a flusher task on the runner's event loop
-    (``run``) writes whatever has accumulated in one ``add_spans`` call. No span is dropped on the
-    way: a batch whose write fails (or is cancelled) goes back to the front of the buffer, and a
-    store error that may pass (unreachable, busy) is retried with backoff, which is safe because the
-    store ignores a span id it already holds. ``flush`` writes the rest and raises the store's error
-    when a write finally fails, so the runner can fail the attempt instead of pretending its trace
-    is complete.
+    (``run``) writes whatever has accumulated in one ``add_spans`` call. A batch whose write fails
+    (or is cancelled) goes back to the front of the buffer, and a store error that may pass
+    (unreachable, busy) is retried with backoff, which is safe because the store ignores a span id
+    it already holds. ``flush`` writes the rest and raises the store's error when a write finally
+    fails, so the runner can fail the attempt instead of pretending its trace is complete. A batch
+    the store refuses as invalid is written span by span instead, so one bad span cannot hold back
+    the others: the spans it refuses are dropped, logged and counted in ``refused``.
     """
 
     def __init__(self, store: Store, *, write_tries: int = 4, retry_delay_seconds: float = 0.1) -> None:
@@ -64,6 +65,7 @@ class SpanRecorder:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self.written = 0
+        self.refused = 0
 
     @property
     def pending(self) -> int:
@@ -85,8 +87,6 @@ class SpanRecorder:
             try:
                 await self._write_pending()
                 return
-            except _PERMANENT_ERRORS:
-                raise
             except FulgorError as failure:
                 if not tries_left:
                     raise
@@ -101,11 +101,37 @@ class SpanRecorder:
             return
         try:
             await self._store.add_spans(batch)
+        except _PERMANENT_ERRORS:
+            await self._write_one_by_one(batch)
+            return
         except BaseException:
-            with self._lock:
-                self._pending[:0] = batch  # ahead of what was recorded meanwhile, to keep the order
+            self._put_back(batch)
             raise
         self.written += len(batch)
+
+    async def _write_one_by_one(self, batch: list[Span]) -> None:
+        for index, span in enumerate(batch):
+            try:
+                await self._store.add_spans([span])
+            except _PERMANENT_ERRORS as refusal:
+                self.refused += 1
+                logger.error(
+                    "the store refused span %r (%s) of rollout %s attempt %s; it is dropped: %s",
+                    span.name,
+                    span.span_id,
+                    span.rollout_id,
+                    span.attempt_id,
+                    refusal,
+                )
+            except BaseException:
+                self._put_back(batch[index:])
+                raise
+            else:
+                self.written += 1
+
+    def _put_back(self, spans: list[Span]) -> None:
+        with self._lock:
+            self._pending[:0] = spans  # ahead of what was recorded meanwhile, to keep the order
 
     async def run(self) -> None:
         """Flush whenever spans arrive, until cancelled (the runner's final ``flush`` writes the rest)."""

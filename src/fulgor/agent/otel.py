@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from fulgor.agent.context import AgentError, RolloutContext, _current
+from fulgor.store._rules import json_float
 from fulgor.types import Span, SpanEvent, SpanStatus
 
 if TYPE_CHECKING:
@@ -117,7 +118,15 @@ def _to_span(span: ReadableSpan, context: RolloutContext) -> Span:
 
 
 def _plain(attributes: Any) -> dict[str, Any]:
-    """OpenTelemetry attribute values (str, bool, numbers, and tuples of them) as JSON values."""
+    """OpenTelemetry attribute values (str, bool, numbers, and tuples of them) as JSON values; a
+    NaN or infinite float becomes the string OTLP/JSON writes for it, as the OTLP endpoint stores it."""
     if not attributes:
         return {}
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in attributes.items()}
+    return {
+        key: [_json(item) for item in value] if isinstance(value, tuple) else _json(value)
+        for key, value in attributes.items()
+    }
+
+
+def _json(value: Any) -> Any:
+    return json_float(value) if isinstance(value, float) else value

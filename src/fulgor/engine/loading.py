@@ -21,6 +21,7 @@ __all__ = [
     "CheckpointKind",
     "LoadedModel",
     "checkpoint_kind",
+    "eos_token_ids",
     "load_model",
     "require_torch",
     "require_transformers",
@@ -122,7 +123,9 @@ def _as_ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
-def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a generation: the model config's, its generation config's and the
+    tokenizer's end-of-sequence ids (what the engine stops on)."""
     ids = _as_ids(getattr(model.config, "eos_token_id", None))
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
@@ -202,7 +205,7 @@ def load_model(
                 f"--max-model-len {max_model_len} exceeds the model's context length {limit}"
             )
         limit = max_model_len
-    eos = _eos_token_ids(model, tokenizer)
+    eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
     logger.info("loaded %s weights from %s on %s (%s)", kind, source, resolved_device, torch_dtype)
     return LoadedModel(

@@ -99,12 +99,16 @@ async def _forward(pool: UpstreamPool, context: CallContext) -> None:
 def _upstream_request(record: CallRecord, request_token_ids: bool) -> tuple[JsonDict, bool]:
     """The request as sent upstream, and whether the agent's stream must lose the usage chunk.
 
-    A stream is always asked for its usage, so the recorder can check the ids against
-    ``usage.completion_tokens``; when the agent did not ask for it, the usage-only chunk is taken
-    out of what the agent receives. ``continuous_usage_stats`` (vLLM) only works together with
-    ``include_usage``, so it is dropped when fulgor adds ``include_usage``: it had no effect.
+    A replica asked for token ids gets, for a stream, a request for its usage too, so the recorder
+    can check the ids against ``usage.completion_tokens``; when the agent did not ask for it, the
+    usage-only chunk is taken out of what the agent receives. ``continuous_usage_stats`` (vLLM)
+    only works together with ``include_usage``, so it is dropped when fulgor adds ``include_usage``:
+    it had no effect. A replica not asked for ids (an API that may reject fields it does not know)
+    gets the agent's request unchanged: its calls carry no ids to check.
     """
-    request = with_token_id_request(record.request, record.endpoint) if request_token_ids else record.request
+    if not request_token_ids:
+        return record.request, False
+    request = with_token_id_request(record.request, record.endpoint)
     options = record.request.get("stream_options")
     if not record.request.get("stream") or not (options is None or isinstance(options, dict)):
         return request, False

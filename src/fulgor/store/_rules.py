@@ -59,6 +59,13 @@ def check_json(value: Any, field: str) -> str:
         raise ValidationError(f"{field} must be JSON-serialisable: {error}") from error
 
 
+def json_float(number: float) -> float | str:
+    """A float as JSON can hold it: itself when finite, else the string OTLP/JSON writes for it."""
+    if math.isfinite(number):
+        return number
+    return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+
+
 def check_text(value: Any, field: str) -> None:
     """An id or a name: a string without NUL characters (PostgreSQL's text cannot hold one)."""
     if not isinstance(value, str):

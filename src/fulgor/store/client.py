@@ -249,12 +249,10 @@ class StoreClient:
         self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
     ) -> Worker:
         rules.check_heartbeat(worker_id, stats, attempt_ids)
-        body = _object(
-            worker_id=_plain("worker_id", worker_id),
-            stats=_plain("stats", stats),
-            attempt_ids=_plain("attempt_ids", None if attempt_ids is None else list(attempt_ids)),
-        )
-        return await self._call("POST", "/workers/heartbeat", api.WORKER, body)
+        fields = {"worker_id": _plain("worker_id", worker_id), "stats": _plain("stats", stats)}
+        if attempt_ids is not None:  # left out otherwise, so servers that predate it take the request
+            fields["attempt_ids"] = _plain("attempt_ids", list(attempt_ids))
+        return await self._call("POST", "/workers/heartbeat", api.WORKER, _object(**fields))
 
     async def list_workers(self) -> list[Worker]:
         return await self._call("GET", "/workers", api.WORKERS)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -174,10 +173,7 @@ def _any_value(raw: Any) -> Any:
     if kind in ("intValue", "int_value"):
         return int(value)
     if kind in ("doubleValue", "double_value"):
-        number = float(value)
-        if math.isfinite(number):
-            return number
-        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+        return rules.json_float(float(value))
     if kind in ("arrayValue", "array_value"):
         return [_any_value(v) for v in _list(value, "values")]
     if kind in ("kvlistValue", "kvlist_value"):

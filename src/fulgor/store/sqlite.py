@@ -27,7 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.errors import (
+    ConfigError,
+    InvalidTransitionError,
+    NotFoundError,
+    StoreUnavailableError,
+    ValidationError,
+)
 from fulgor.store import _rules as rules
 from fulgor.store._rows import (
     ATTEMPT_COLUMNS,
@@ -510,7 +516,13 @@ class SqliteStore:
         """One ``BEGIN IMMEDIATE`` transaction: everything inside commits together or not at all."""
         with self._lock:
             self._check_open()
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:  # another process held the file's write lock
+                raise StoreUnavailableError(
+                    f"the store file {self.path} stayed locked by another writer ({error}); try again, "
+                    "or raise busy_timeout_seconds"
+                ) from error
             try:
                 yield
             except BaseException:

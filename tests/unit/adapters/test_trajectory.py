@@ -149,16 +149,17 @@ def test_final_reward_is_the_last_reward_and_per_call_returns_are_discounted() -
 
 def test_per_call_returns_follow_time_not_store_order() -> None:
     """The gateway writes a call's span in a later batch than the reward the agent emitted after it:
-    the reward is stored first, but it belongs to the call that ended before it."""
+    the reward is stored first, but it belongs to the call that started last before it, even when
+    the runner's clock (the reward's) runs a little behind the gateway's (the call's end)."""
     spans = Spans().call([1], [2]).call([1, 2, 3], [4]).reward(1.0).spans
     first, second, reward = spans
-    # Store order: call 0, reward, call 1; times: call 0 ends at 1, call 1 at 2, the reward at 3.
+    # Store order: call 0, reward, call 1. Times: call 0 runs 1.0-1.4, call 1 runs 1.5-2.0, the
+    # reward is emitted at 1.999 by a clock a few milliseconds behind.
     reordered = [
-        first,
-        reward.model_copy(update={"sequence_id": 2}),
+        first.model_copy(update={"end_time": 1.4}),
+        reward.model_copy(update={"sequence_id": 2, "start_time": 1.999}),
         second.model_copy(update={"sequence_id": 3, "start_time": 1.5, "end_time": 2.0}),
     ]
-    reordered[1] = reordered[1].model_copy(update={"start_time": 3.0})
     trajectory, _ = build_trajectory(ROLLOUT, reordered, reward_mode="per_call", discount=0.0)
     assert trajectory is not None
     assert trajectory.rows[0].returns == [0.0, 0.0, 1.0, 1.0]

@@ -47,3 +47,24 @@ async def test_otel_spans_inside_a_rollout_are_stored_with_parents() -> None:
     assert plan_span.start_time <= call_span.start_time <= plan_span.end_time
     assert "service.name" in plan_span.resource
     await store.close()
+
+
+async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> None:
+    """NaN and infinities are legal OpenTelemetry values but not JSON: they are stored as the strings
+    OTLP/JSON uses (as the OTLP endpoint stores them), not refused with the whole span."""
+    store = MemoryStore()
+    provider = TracerProvider()
+    install(provider)
+    tracer = provider.get_tracer("agent")
+    await store.enqueue([RolloutRequest(input=1)])
+    [claimed] = await store.claim("w")
+    recorder = SpanRecorder(store)
+    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
+    attributes = {"loss": float("nan"), "bounds": (float("-inf"), 1.5, float("inf"))}
+    with use_context(context), tracer.start_as_current_span("agent.step", attributes=attributes):
+        pass
+    await recorder.flush()
+    [span] = await store.query_spans(claimed.rollout_id)
+    assert span.attributes == {"loss": "NaN", "bounds": ["-Infinity", 1.5, "Infinity"]}
+    assert recorder.refused == 0
+    await store.close()

@@ -10,7 +10,7 @@ import pytest
 
 from fulgor import semconv
 from fulgor.agent import RolloutContext, SpanRecorder, emit_message, emit_reward, use_context
-from fulgor.errors import StoreError, ValidationError
+from fulgor.errors import StoreError
 from fulgor.store import MemoryStore, SqliteStore, Store
 from fulgor.types import AttemptedRollout, RolloutRequest, Span
 
@@ -106,17 +106,29 @@ async def test_a_write_that_keeps_failing_raises_and_loses_nothing(
     assert [s.attributes[semconv.ATTR_MESSAGE_BODY] for s in spans] == ["one", "two", "three"]
 
 
-async def test_a_refused_batch_is_not_retried(store: Store, claimed: AttemptedRollout) -> None:
+async def test_a_span_the_store_refuses_is_dropped_alone(store: Store, claimed: AttemptedRollout) -> None:
+    """One invalid span must not hold back the rest of the trace (the reward included): the batch
+    is written span by span, the refused one dropped and counted, and nothing is retried."""
     writes = FailingWrites(store)
-    writes.failures = 1
-    writes.error = ValidationError("spans[0].name must not be empty")
     recorder = SpanRecorder(store, retry_delay_seconds=0.01)
+    bad = Span(
+        rollout_id=claimed.rollout_id,
+        attempt_id=claimed.attempt.attempt_id,
+        trace_id="t",
+        span_id="bad",
+        name="agent.step",
+        start_time=0.0,
+        attributes={"score": float("nan")},  # not JSON: every store refuses it
+    )
     with use_context(context_for(claimed, recorder)):
-        emit_message("kept")
-    with pytest.raises(ValidationError):
-        await recorder.flush()
-    assert writes.calls == 1
-    assert recorder.pending == 1
+        emit_message("before")
+        recorder.record(bad)
+        emit_reward(1.0)
+    await recorder.flush()
+    assert (recorder.written, recorder.refused, recorder.pending) == (2, 1, 0)
+    assert writes.calls == 4  # the batch, then its three spans one by one
+    spans = await store.query_spans(claimed.rollout_id)
+    assert [s.name for s in spans] == [semconv.SPAN_MESSAGE, semconv.SPAN_REWARD]
 
 
 async def test_a_write_cancelled_midway_puts_its_batch_back(store: Store, claimed: AttemptedRollout) -> None:

@@ -35,3 +35,26 @@ async def test_a_deadline_that_appears_while_a_call_waits_wakes_it(tmp_path: Pat
         assert time.monotonic() - started < 3.0
     finally:
         await store.close()
+
+
+async def test_a_file_another_writer_keeps_locked_is_unavailable_and_changes_nothing(tmp_path: Path) -> None:
+    """Past its busy timeout a write is refused as StoreUnavailableError (a 503 the client retries),
+    not an unexpected sqlite3 error, and leaves the store as it was."""
+    import sqlite3
+
+    from fulgor.errors import StoreUnavailableError
+
+    path = tmp_path / "store.sqlite"
+    store = SqliteStore(path, busy_timeout_seconds=0.1)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process in the middle of a long write
+        with pytest.raises(StoreUnavailableError, match="locked"):
+            await store.enqueue([request()])
+        other.execute("ROLLBACK")
+        assert (await store.stats()).rollouts == {}
+        await store.enqueue([request()])  # the lock is gone: writes go through again
+        assert (await store.stats()).rollouts == {"queuing": 1}
+    finally:
+        other.close()
+        await store.close()

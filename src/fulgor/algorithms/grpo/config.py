@@ -22,7 +22,9 @@ class GRPOConfig:
     group-relative advantages; from the second mini-batch on it is PPO's clipped objective.
     ``importance_correction`` weights tokens by the truncated ratio of that starting policy to the
     engine's logprobs (capped at ``importance_cap``): it corrects for engine/trainer mismatch and
-    for samples drawn by older weights. ``kl_coef`` > 0 needs a reference model.
+    for samples drawn by older weights. ``kl_coef`` > 0 needs a reference model. The logprobs
+    are taken in training mode: a model with dropout gives them dropout's noise (LLM RL runs with
+    dropout off, as fulgor's built models do).
     """
 
     learning_rate: float = 3e-5

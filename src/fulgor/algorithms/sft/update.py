@@ -53,15 +53,19 @@ def chat_row(
     would not match what the engine sees when it serves the conversation turn by turn.
 
     A turn ends at the first of ``stop_token_ids``: pass the ids the engine stops on
-    (``LoadedModel.eos_token_ids``, which adds the model's generation config to the tokenizer) when
-    the model ends a turn with a token other than the tokenizer's ``eos_token_id``, the default.
+    (:func:`fulgor.engine.loading.eos_token_ids` of the model and tokenizer, which adds the model's
+    configs to the tokenizer's) when the model ends a turn with a token other than the tokenizer's
+    ``eos_token_id``, the default.
     """
     from fulgor.engine.prompts import render_chat_ids
     from fulgor.engine.protocol import ChatMessage, Tool
 
     parsed = [ChatMessage.model_validate(message) for message in messages]
     tool_defs = [Tool.model_validate(tool).model_dump(exclude_none=True) for tool in tools or ()] or None
-    stops = frozenset(stop_token_ids) if stop_token_ids is not None else _as_ids(tokenizer.eos_token_id)
+    if stop_token_ids is not None:
+        stops = frozenset(stop_token_ids)
+    else:
+        stops = frozenset() if tokenizer.eos_token_id is None else frozenset({tokenizer.eos_token_id})
     if not stops:
         raise ConfigError("no end-of-turn token: the tokenizer has no eos_token_id; pass stop_token_ids")
     token_ids: list[int] = []
@@ -92,10 +96,6 @@ def chat_row(
         calls=[],
         returns=[0.0] * len(token_ids),
     )
-
-
-def _as_ids(value: int | None) -> frozenset[int]:
-    return frozenset() if value is None else frozenset({value})
 
 
 def _end_of_turn(ids: list[int], start: int, stops: frozenset[int]) -> int:
