@@ -163,22 +163,43 @@ def check_span_query(
         check_text(name, "name")
 
 
+_SPAN_TEXT_FIELDS = ("rollout_id", "attempt_id", "trace_id", "span_id", "parent_id", "name")
+
+
 def check_spans(spans: Sequence[Span]) -> None:
+    # On every span add: a field's name is only put together once it is known to be wrong.
     for index, span in enumerate(spans):
         if not isinstance(span, Span):
             raise ValidationError(f"spans[{index}] must be a Span, got {type(span).__name__}")
-        for field in ("rollout_id", "attempt_id", "trace_id", "span_id", "parent_id", "name"):
-            value = getattr(span, field)
-            if value is not None:
-                check_text(value, f"spans[{index}].{field}")
-        check_json(span.attributes, f"spans[{index}].attributes")
-        check_json(span.resource, f"spans[{index}].resource")
+        try:
+            ids = (span.rollout_id, span.attempt_id, span.trace_id, span.span_id, span.parent_id or "")
+            text = "".join((*ids, span.name))
+        except TypeError:  # a field that is not a string (a model built without validation)
+            text = "\x00"
+        if "\x00" in text:
+            for field in _SPAN_TEXT_FIELDS:
+                value = getattr(span, field)
+                if value is not None:
+                    check_text(value, f"spans[{index}].{field}")
+        if not _is_json(span.attributes):
+            check_json(span.attributes, f"spans[{index}].attributes")
+        if not _is_json(span.resource):
+            check_json(span.resource, f"spans[{index}].resource")
         for event_index, event in enumerate(span.events):
             check_json(event.attributes, f"spans[{index}].events[{event_index}].attributes")
             _check_time(event.time, f"spans[{index}].events[{event_index}].time")
-        _check_time(span.start_time, f"spans[{index}].start_time")
-        if span.end_time is not None:
+        if not math.isfinite(span.start_time):
+            _check_time(span.start_time, f"spans[{index}].start_time")
+        if span.end_time is not None and not math.isfinite(span.end_time):
             _check_time(span.end_time, f"spans[{index}].end_time")
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _check_time(value: float, field: str) -> None:
