@@ -143,7 +143,7 @@ class SpanRecorder:
                     await self.flush()  # also whatever was recorded before this task started
                 except FulgorError as failure:
                     # The spans stay buffered; the next flush tries again, and the runner's final
-                    # one fails the attempt if the store still refuses them.
+                    # one fails the attempt if the store still cannot take them.
                     logger.warning("spans stay buffered after a failed write: %s", failure)
                 await self._wake.wait()
                 self._wake.clear()
