@@ -7,7 +7,7 @@ import contextlib
 import gc
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 import torch  # noqa: E402
-from tests.engine_support import ADD_TOOL  # noqa: E402
+from tests.engine_support import ADD_TOOL, until  # noqa: E402
 
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
@@ -378,15 +378,6 @@ def test_a_forced_tool_choice_is_refused_with_what_is_supported(url: str, client
         assert _post(url, "/v1/chat/completions", {**chat, "tool_choice": choice}).status_code == 200
 
 
-async def _until(condition: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    """Wait for a state change on the engine's generation thread, which offers no event to await."""
-    for _ in range(int(timeout_seconds / 0.005)):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not met in time")
-
-
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -413,13 +404,13 @@ async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
     request = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, **body}
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         call = asyncio.create_task(http.post(path, json=request))
-        await _until(lambda: engine.stats()["running"] == 1)
+        await until(lambda: engine.stats()["running"] == 1)
         call.cancel()  # the caller goes away: the connection closes
         with contextlib.suppress(asyncio.CancelledError):
             await call
-    await _until(lambda: bool(ends))
+    await until(lambda: bool(ends))
     assert ends == ["cancelled"]
-    await _until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
+    await until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
 
 
 def test_health(url: str) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from tests.engine_support import until  # noqa: E402
 
 from fulgor.engine.errors import ContextLengthError  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
@@ -48,15 +50,6 @@ async def _run(
         if isinstance(event, FinishEvent):
             return event
     raise AssertionError("no finish event")
-
-
-async def _until(condition: Callable[[], bool], timeout_seconds: float = 30.0) -> None:
-    """Wait for a state change on the engine's generation thread, which offers no event to await."""
-    for _ in range(int(timeout_seconds / 0.005)):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition not met in time")
 
 
 def _recomputed_logprobs(engine: LocalEngine, prompt: list[int], output: list[int]) -> Any:
@@ -165,15 +158,15 @@ async def test_leaving_early_cancels_the_sequence(engine: LocalEngine) -> None:
     async for _, event in engine.generate(_encode(engine, PROMPTS[0]), [params], stream=True):
         assert isinstance(event, TokenEvent)
         break
-    await _until(lambda: engine.stats()["running"] == 0)
+    await until(lambda: engine.stats()["running"] == 0)
 
 
 async def test_a_swap_waits_for_running_sequences(engine: LocalEngine, tiny_model_dir: Path) -> None:
     long_params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
     running = asyncio.create_task(_run(engine, _encode(engine, PROMPTS[0]), long_params))
-    await _until(lambda: engine.stats()["running"] == 1)
+    await until(lambda: engine.stats()["running"] == 1)
     swap = asyncio.create_task(engine.swap_weights(tiny_model_dir))
-    await _until(lambda: engine.stats()["swap_pending"] == 1)
+    await until(lambda: engine.stats()["swap_pending"] == 1)
     assert engine.stats()["running"] == 1
     # A request that arrives while the swap waits runs on the new version.
     late = asyncio.create_task(_run(engine, _encode(engine, PROMPTS[1]), SamplingParams(max_tokens=3)))

@@ -6,7 +6,9 @@ Adding a backend to every store test (the conformance suite and the state machin
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -117,3 +119,24 @@ def counts(stats: StoreStats) -> tuple[dict[str, int], dict[str, int], int, int,
         stats.workers,
         stats.resources_versions,
     )
+
+
+async def check_a_new_deadline_wakes_a_waiter(store: Store, waiting: str) -> None:
+    """A ``claim`` or ``wait`` goes to sleep while no attempt has a deadline; the attempt that brings
+    one starts after it (start_rollout wakes no claim: nothing is queued), so only that deadline can
+    wake it, well before the waiter's own 10 s."""
+    started = time.monotonic()
+    if waiting == "claim":
+        waiter = asyncio.ensure_future(store.claim("w2", wait_seconds=10))
+        await asyncio.sleep(0.2)
+        hung = await store.start_rollout(request(timeout_seconds=0.3, max_attempts=2), "w1")
+    else:
+        (rollout,) = await store.enqueue([request(timeout_seconds=0.3)])
+        waiter = asyncio.ensure_future(store.wait([rollout.rollout_id], timeout_seconds=10))
+        await asyncio.sleep(0.2)
+        (hung,) = await store.claim("w1")
+
+    woken = await waiter
+
+    assert [r.rollout_id for r in woken] == [hung.rollout_id]
+    assert time.monotonic() - started < 3.0

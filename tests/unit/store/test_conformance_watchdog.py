@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
-from storetools import FakeClock, MakeStore, request, span
+from storetools import FakeClock, MakeStore, check_a_new_deadline_wakes_a_waiter, request, span
 
 from fulgor.store.base import Store
 
@@ -190,24 +189,7 @@ async def test_wait_wakes_when_unresponsive_fails_the_rollout(make_store: MakeSt
 async def test_waiting_calls_wake_at_a_deadline_that_appeared_while_they_slept(
     make_store: MakeStore, waiting: str
 ) -> None:
-    # The waiter goes to sleep while no attempt has a deadline; the attempt that brings one starts
-    # after it (start_rollout wakes no claim: nothing is queued), so only that deadline can wake it.
-    store = await make_store()
-    started = time.monotonic()
-    if waiting == "claim":
-        waiter = asyncio.ensure_future(store.claim("w2", wait_seconds=10))
-        await asyncio.sleep(0.2)
-        hung = await store.start_rollout(request(timeout_seconds=0.3, max_attempts=2), "w1")
-    else:
-        (rollout,) = await store.enqueue([request(timeout_seconds=0.3)])
-        waiter = asyncio.ensure_future(store.wait([rollout.rollout_id], timeout_seconds=10))
-        await asyncio.sleep(0.2)
-        (hung,) = await store.claim("w1")
-
-    woken = await waiter
-
-    assert [r.rollout_id for r in woken] == [hung.rollout_id]
-    assert time.monotonic() - started < 3.0
+    await check_a_new_deadline_wakes_a_waiter(await make_store(), waiting)
 
 
 async def test_heartbeat_with_attempt_ids_refreshes_only_those(store: Store, clock: FakeClock) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
-from storetools import request
+from storetools import check_a_new_deadline_wakes_a_waiter, request
 
 from fulgor.store.sqlite import SqliteStore
 
@@ -18,21 +16,7 @@ async def test_a_deadline_that_appears_while_a_call_waits_wakes_it(tmp_path: Pat
     # would hide a missed wake-up; with a long recheck only the new deadline's signal wakes the waiter.
     store = SqliteStore(tmp_path / "store.sqlite", cross_process_seconds=60)
     try:
-        started = time.monotonic()
-        if waiting == "claim":
-            waiter = asyncio.ensure_future(store.claim("w2", wait_seconds=10))
-            await asyncio.sleep(0.2)
-            hung = await store.start_rollout(request(timeout_seconds=0.3, max_attempts=2), "w1")
-        else:
-            (rollout,) = await store.enqueue([request(timeout_seconds=0.3)])
-            waiter = asyncio.ensure_future(store.wait([rollout.rollout_id], timeout_seconds=10))
-            await asyncio.sleep(0.2)
-            (hung,) = await store.claim("w1")
-
-        woken = await waiter
-
-        assert [r.rollout_id for r in woken] == [hung.rollout_id]
-        assert time.monotonic() - started < 3.0
+        await check_a_new_deadline_wakes_a_waiter(store, waiting)
     finally:
         await store.close()
 
