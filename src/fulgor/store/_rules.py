@@ -122,13 +122,19 @@ def check_heartbeat(worker_id: str, stats: JsonDict | None, attempt_ids: Sequenc
 
 
 def check_attempt_update(
-    status: AttemptStatus | None, error: str | None, metadata: JsonDict | None
+    rollout_id: str,
+    attempt_id: str,
+    status: AttemptStatus | None,
+    error: str | None,
+    metadata: JsonDict | None,
 ) -> tuple[str | None, JsonDict | None]:
     """Check ``update_attempt``'s inputs; returns ``error`` and ``metadata`` as every backend stores them.
 
     An error is free text from whatever failed, so a NUL in it becomes U+FFFD rather than losing the
     report (PostgreSQL's text cannot hold NUL); metadata comes back as JSON gives it (lists, not tuples).
     """
+    check_text(rollout_id, "rollout_id")
+    check_text(attempt_id, "attempt_id")
     if status is not None and not isinstance(status, str):
         raise ValidationError(f"status must be an attempt status string, got {type(status).__name__}")
     if error is not None:

@@ -196,7 +196,7 @@ class StoreClient:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        error, metadata = rules.check_attempt_update(status, error, metadata)
+        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         body = _object(
             status=_plain("status", status),
             error=_plain("error", error),

@@ -157,9 +157,7 @@ class MemoryStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_text(attempt_id, "attempt_id")
-        error, metadata = rules.check_attempt_update(status, error, metadata)
+        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         self._sweep()
         attempt = self._attempt(rollout_id, attempt_id)
         now = self._clock()

@@ -262,9 +262,7 @@ class PostgresStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_text(attempt_id, "attempt_id")
-        error, metadata = rules.check_attempt_update(status, error, metadata)
+        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         now = self._clock()
 
         async def update(conn: Connection) -> tuple[Attempt, bool]:

@@ -289,9 +289,7 @@ class SqliteStore:
         error: str | None = None,
         metadata: JsonDict | None = None,
     ) -> Attempt:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_text(attempt_id, "attempt_id")
-        error, metadata = rules.check_attempt_update(status, error, metadata)
+        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         self._sweep()
         now = self._clock()
         with self._write():
