@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from fulgor.errors import ConfigError, NotFoundError
+from fulgor.errors import ConfigError, NotFoundError, ValidationError
 from fulgor.store import MemoryStore, SqliteStore, Store, SyncStore, open_store
 from fulgor.types import LLM, RolloutRequest, Span
 
@@ -44,6 +48,67 @@ def test_sync_claim_waits_for_an_enqueue_from_another_thread() -> None:
         claimed = store.claim("w", wait_seconds=10)
         timer.join()
         assert len(claimed) == 1
+
+
+def test_close_ends_the_calls_still_waiting_with_a_clear_error() -> None:
+    store = SyncStore(MemoryStore())
+    [rollout] = store.enqueue([RolloutRequest(input=1)])
+    errors: list[BaseException] = []
+
+    def blocked(call: str) -> None:
+        try:
+            if call == "wait":
+                store.wait([rollout.rollout_id], 20)
+            else:
+                store.claim("w", wait_seconds=20)
+        except BaseException as error:
+            errors.append(error)
+
+    store.claim("w0")  # the queue is empty: the next claim waits
+    threads = [threading.Thread(target=blocked, args=(call,), daemon=True) for call in ("wait", "claim")]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    store.close()
+    for thread in threads:
+        thread.join(2)
+    assert not [thread for thread in threads if thread.is_alive()]
+    assert time.monotonic() - started < 2
+    assert len(errors) == 2
+    assert all(isinstance(error, ValidationError) and "closed" in str(error) for error in errors), errors
+
+
+def test_close_twice_is_harmless_and_later_calls_say_the_store_is_closed(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    store = SyncStore(MemoryStore())
+    store.close()
+    store.close()
+    with pytest.raises(ValidationError, match="SyncStore is closed; create a new one"):
+        store.stats()
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_a_call_from_the_stores_own_loop_thread_is_an_error_not_a_deadlock() -> None:
+    store = SyncStore(MemoryStore())
+
+    async def call_from_the_loop_thread() -> None:
+        store.stats()
+
+    with pytest.raises(RuntimeError, match=r"own event loop thread.*await the store"):
+        asyncio.run_coroutine_threadsafe(call_from_the_loop_thread(), store._loop).result(timeout=2)
+    store.close()
+
+
+async def test_a_call_from_a_running_event_loop_warns_to_await_the_store_instead() -> None:
+    with SyncStore(MemoryStore()) as store:
+        with pytest.warns(RuntimeWarning, match="blocks this thread's running event loop.*await"):
+            assert store.stats().rollouts == {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            store.stats()  # once per store is enough
 
 
 def test_open_store_urls(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+import warnings
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from fulgor.errors import ConfigError
+from fulgor.errors import ConfigError, ValidationError
 from fulgor.store.base import Store
 from fulgor.store.memory import MemoryStore
 from fulgor.store.sqlite import SqliteStore
@@ -68,7 +70,9 @@ class SyncStore:
     """The Store operations as blocking calls, run on a private event loop thread.
 
     Use it from scripts and notebooks; call :meth:`close` (or use it as a context manager) to
-    close the store and stop the thread.
+    close the store and stop the thread. Async code awaits :attr:`store` instead: a blocking call
+    from a thread whose event loop is running stalls that loop until the call returns (a warning
+    says so), and one from the SyncStore's own loop thread would never return, so it is an error.
     """
 
     def __init__(self, store: Store) -> None:
@@ -76,9 +80,58 @@ class SyncStore:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fulgor-sync-store", daemon=True)
         self._thread.start()
+        # Held while a call is handed to the loop and while close() marks the store closed, so no
+        # call reaches the loop after close() has cancelled the calls in flight.
+        self._lock = threading.Lock()
+        self._closed = False
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._warned = False
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        try:
+            self._check_caller()
+            with self._lock:
+                if self._closed:
+                    raise ValidationError("the SyncStore is closed; create a new one")
+                future = asyncio.run_coroutine_threadsafe(self._call(coroutine), self._loop)
+        except BaseException:
+            coroutine.close()
+            raise
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise ValidationError(
+                "the SyncStore was closed while this call waited; create a new one"
+            ) from None
+
+    async def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        try:
+            return await coroutine
+        finally:
+            self._calls.discard(task)
+
+    def _check_caller(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                "a SyncStore was called from its own event loop thread, where the call can never "
+                "finish; in async code await the store itself (`await sync_store.store.stats()`)"
+            )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                "a SyncStore call blocks this thread's running event loop until it returns (a "
+                "StoreClient served on that loop never answers); in async code await the store "
+                "itself (`await sync_store.store.stats()`)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         return self._run(self.store.enqueue(requests))
@@ -167,16 +220,40 @@ class SyncStore:
         return self._run(self.store.stats())
 
     def close(self) -> None:
-        """Close the store and stop the loop thread."""
+        """Close the store and stop the loop thread; calls still waiting end with ValidationError.
+
+        Closing twice is harmless.
+        """
+        self._check_caller()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
-            self._run(self.store.close())
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()
+
+    async def _shutdown(self) -> None:
+        # The calls in flight first (a claim or wait may be blocked for many seconds), then the
+        # store, then whatever the store left running, so the loop stops with no task pending.
+        await _cancel_all(self._calls)
+        try:
+            await self.store.close()
+        finally:
+            await _cancel_all(asyncio.all_tasks() - {asyncio.current_task()})
 
     def __enter__(self) -> SyncStore:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

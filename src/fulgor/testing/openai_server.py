@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import threading
@@ -25,11 +26,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fulgor.net.http_server import HttpReply, HttpRequest, serve_http
+from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, serve_http
 
 __all__ = ["Sample", "ScriptedOpenAIServer", "ScriptedReply", "ScriptedToolCall", "encode"]
 
 JsonDict = dict[str, Any]
+
+_ROUTES = "GET /v1/models, POST /v1/chat/completions and POST /v1/completions"
+# (type, code) of OpenAI's error bodies where the status alone does not say it: a bad key, a rate limit.
+_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
+    401: ("invalid_request_error", "invalid_api_key"),
+    429: ("requests", "rate_limit_exceeded"),
+}
 
 
 def encode(text: str) -> list[int]:
@@ -108,7 +116,7 @@ class ScriptedOpenAIServer:
         self._ids = itertools.count(1)
         self._host = host
         self._port = port
-        self._server: asyncio.Server | None = None
+        self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -119,7 +127,8 @@ class ScriptedOpenAIServer:
         self.replies.extend(replies)
 
     def fail_next(self, count: int = 1, status: int = 503) -> None:
-        """Answer the next ``count`` generation requests with an error status."""
+        """Answer the next ``count`` generation requests with an error status, in OpenAI's error
+        body (429 as its rate limit, 5xx as ``server_error``)."""
         self._failures.extend([status] * count)
 
     @property
@@ -152,19 +161,25 @@ class ScriptedOpenAIServer:
         await self.close()
 
     def __enter__(self) -> ScriptedOpenAIServer:
-        started = threading.Event()
+        loop = asyncio.new_event_loop()
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.start())
-            started.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self.close())
-            self._loop.close()
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as error:  # a taken port: __enter__ raises it
+                loop.close()
+                started.set_exception(error)
+                return
+            started.set_result(None)
+            loop.run_forever()
+            loop.run_until_complete(self.close())
+            loop.close()
 
-        self._thread = threading.Thread(target=run, name="scripted-openai-server", daemon=True)
-        self._thread.start()
-        started.wait(10)
+        thread = threading.Thread(target=run, name="scripted-openai-server", daemon=True)
+        thread.start()
+        started.result(10)
+        self._loop, self._thread = loop, thread
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -180,15 +195,19 @@ class ScriptedOpenAIServer:
             data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "fulgor"}]
             return _json({"object": "list", "data": data})
         if request.method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
-            return _json({"error": {"message": f"no route {request.method} {path}"}}, 404)
-        body: JsonDict = json.loads(request.body)
+            return _error(404, f"no route {request.method} {path}; this server serves {_ROUTES}")
+        try:
+            body = json.loads(request.body)
+        except ValueError as error:
+            return _error(400, f"the request body is not valid JSON ({error}); send a JSON object")
+        if not isinstance(body, dict):
+            return _error(400, f"the request body must be a JSON object, not {type(body).__name__}")
         self.requests.append(body)
         self.request_headers.append(request.headers)
         if self._failures:
-            status = self._failures.popleft()
-            return _json({"error": {"message": "scripted failure", "type": "server_error"}}, status)
+            return _error(self._failures.popleft(), "scripted failure")
         if self.delay_seconds and await self._wait_or_disconnect(request, self.delay_seconds):
-            return _json({"error": {"message": "client went away"}}, 499)
+            return _error(499, "client went away")
         if path == "/v1/chat/completions":
             return self._chat(body, request)
         return self._completions(body, request)
@@ -212,6 +231,7 @@ class ScriptedOpenAIServer:
         return sample
 
     def _envelope(self, kind: str, obj: str) -> JsonDict:
+        """The fields every body (and every chunk of one stream: one id, one created) carries."""
         payload: JsonDict = {"id": f"{kind}-{next(self._ids)}", "object": obj, "created": int(time.time())}
         payload["model"] = self.model
         if self.model_version is not None:
@@ -252,28 +272,34 @@ class ScriptedOpenAIServer:
     async def _chat_stream(
         self, body: JsonDict, request: HttpRequest, replies: list[ScriptedReply], samples: list[Sample]
     ) -> AsyncIterator[bytes]:
+        envelope = self._envelope("chatcmpl", "chat.completion.chunk")
         for index, (reply, sample) in enumerate(zip(replies, samples, strict=True)):
-            first = self._envelope("chatcmpl", "chat.completion.chunk")
-            first["choices"] = [{"index": index, "delta": {"role": "assistant", "content": ""}}]
+            first = dict(envelope, choices=[{"index": index, "delta": {"role": "assistant", "content": ""}}])
             if self._wants_ids(body):
                 first["prompt_token_ids"] = sample.prompt_token_ids
             yield _event(first)
             for delta, ids in _chat_deltas(index, reply):
                 if await self._paced(request):
                     return
-                yield _event(self._chat_chunk(body, index, delta, ids, None))
-            yield _event(self._chat_chunk(body, index, {}, [], reply.finish()))
+                yield _event(self._chat_chunk(envelope, body, index, delta, ids, None))
+            yield _event(self._chat_chunk(envelope, body, index, {}, [], reply.finish()))
         if (body.get("stream_options") or {}).get("include_usage"):
-            tail = self._envelope("chatcmpl", "chat.completion.chunk")
+            tail = dict(envelope)
             prompt_tokens = len(samples[0].prompt_token_ids) if samples else 0
             tail.update(choices=[], usage=_usage(prompt_tokens, sum(len(s.token_ids) for s in samples)))
             yield _event(tail)
         yield b"data: [DONE]\n\n"
 
     def _chat_chunk(
-        self, body: JsonDict, index: int, delta: JsonDict, ids: list[int], finish: str | None
+        self,
+        envelope: JsonDict,
+        body: JsonDict,
+        index: int,
+        delta: JsonDict,
+        ids: list[int],
+        finish: str | None,
     ) -> JsonDict:
-        chunk = self._envelope("chatcmpl", "chat.completion.chunk")
+        chunk = dict(envelope)
         choice: JsonDict = {"index": index, "delta": delta, "finish_reason": finish}
         choice["logprobs"] = _chat_logprobs(ids) if body.get("logprobs") and ids else None
         if self._wants_ids(body):
@@ -292,18 +318,21 @@ class ScriptedOpenAIServer:
     def _completions(self, body: JsonDict, request: HttpRequest) -> HttpReply:
         prompts = _prompts(body.get("prompt", ""))
         per_prompt = int(body.get("n") or 1)
+        replies = [self._next_reply() for _ in prompts for _ in range(per_prompt)]
         samples = [
-            self._sample("completions", ids, self._next_reply()) for ids in prompts for _ in range(per_prompt)
+            self._sample("completions", prompts[i // per_prompt], reply) for i, reply in enumerate(replies)
         ]
+        # A text completion has no tool calls to finish with: "stop" unless the script says otherwise.
+        finishes = [reply.finish_reason or "stop" for reply in replies]
         if body.get("stream"):
-            return _sse(self._completion_stream(body, request, samples))
+            return _sse(self._completion_stream(body, request, samples, finishes))
         payload = self._envelope("cmpl", "text_completion")
         payload["choices"] = [
-            self._completion_choice(body, i, s, s.token_ids, "stop") for i, s in enumerate(samples)
+            self._completion_choice(body, i, s, s.token_ids, finish)
+            for i, (s, finish) in enumerate(zip(samples, finishes, strict=True))
         ]
-        payload["usage"] = _usage(
-            sum(len(s.prompt_token_ids) for s in samples), sum(len(s.token_ids) for s in samples)
-        )
+        # Each prompt counts once, however many choices it was sampled for (as OpenAI and vLLM count).
+        payload["usage"] = _usage(sum(map(len, prompts)), sum(len(s.token_ids) for s in samples))
         return _json(payload)
 
     def _completion_choice(
@@ -324,22 +353,17 @@ class ScriptedOpenAIServer:
         return choice
 
     async def _completion_stream(
-        self, body: JsonDict, request: HttpRequest, samples: list[Sample]
+        self, body: JsonDict, request: HttpRequest, samples: list[Sample], finishes: list[str]
     ) -> AsyncIterator[bytes]:
-        for index, sample in enumerate(samples):
+        envelope = self._envelope("cmpl", "text_completion")
+        for index, (sample, finish) in enumerate(zip(samples, finishes, strict=True)):
             for position, token_id in enumerate(sample.token_ids):
                 if await self._paced(request):
                     return
-                chunk = self._envelope("cmpl", "text_completion")
-                chunk["choices"] = [
-                    self._completion_choice(body, index, sample, [token_id], None, position == 0)
-                ]
-                yield _event(chunk)
-            chunk = self._envelope("cmpl", "text_completion")
-            chunk["choices"] = [
-                self._completion_choice(body, index, sample, [], "stop", not sample.token_ids)
-            ]
-            yield _event(chunk)
+                choice = self._completion_choice(body, index, sample, [token_id], None, position == 0)
+                yield _event(dict(envelope, choices=[choice]))
+            last = self._completion_choice(body, index, sample, [], finish, not sample.token_ids)
+            yield _event(dict(envelope, choices=[last]))
         yield b"data: [DONE]\n\n"
 
 
@@ -399,6 +423,13 @@ def _completion_logprobs(ids: list[int]) -> JsonDict:
 def _usage(prompt_tokens: int, completion_tokens: int) -> JsonDict:
     total = prompt_tokens + completion_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+
+
+def _error(status: int, message: str) -> HttpReply:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``, typed by status."""
+    default = ("server_error" if status >= 500 else "invalid_request_error", None)
+    kind, code = _ERROR_KINDS.get(status, default)
+    return _json({"error": {"message": message, "type": kind, "param": None, "code": code}}, status)
 
 
 def _json(payload: JsonDict, status: int = 200) -> HttpReply:

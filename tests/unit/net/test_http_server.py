@@ -96,3 +96,46 @@ def test_a_connection_open_when_the_loop_shuts_down_ends_quietly(caplog: pytest.
     asyncio.run(main())
 
     assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR], caplog.text
+
+
+async def read_reply(reader: asyncio.StreamReader) -> bytes:
+    """One reply with a Content-Length body, head and body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+    return head + await asyncio.wait_for(reader.readexactly(length), 5)
+
+
+async def test_close_closes_an_idle_keep_alive_connection() -> None:
+    # From Python 3.12 asyncio's wait_closed() waits for every connection: a client keeping one open
+    # would hold up the server's close for ever.
+    server = await serve_http(echo, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    writer.write(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+    assert (await read_reply(reader)).startswith(b"HTTP/1.1 200 OK")
+    server.close()
+    await asyncio.wait_for(server.wait_closed(), 2)
+    assert await asyncio.wait_for(reader.read(), 2) == b""  # the server closed it
+    writer.close()
+
+
+async def test_close_lets_a_request_in_progress_finish_as_the_connections_last() -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: HttpRequest) -> HttpReply:
+        entered.set()
+        await release.wait()
+        return HttpReply(body=b"done")
+
+    server = await serve_http(slow, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    writer.write(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+    await asyncio.wait_for(entered.wait(), 5)
+    server.close()
+    release.set()
+    reply = await read_reply(reader)
+    assert reply.startswith(b"HTTP/1.1 200 OK")
+    assert b"connection: close" in reply
+    assert reply.endswith(b"done")
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    await asyncio.wait_for(server.wait_closed(), 2)
+    writer.close()
