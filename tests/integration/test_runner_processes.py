@@ -137,6 +137,63 @@ def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
     assert spec.split(":")[0] in result.stderr
 
 
+def test_a_bad_store_url_is_one_clear_error_not_a_traceback_per_worker(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fulgor.cli.main", "runner",
+         "--agent", "tests.integration.agents.slow_agent:sleeper", "--store", "foo://", "--n-runners", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "error: unknown store URL 'foo://'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_installed_script_runs_an_agent_module_from_the_current_directory(tmp_path: Path) -> None:
+    """`fulgor` (the console script) has its own folder first on sys.path, not the current one;
+    the module must still be found, by the parent and by the runner processes it spawns."""
+    script = Path(sys.executable).parent / "fulgor"
+    if not script.exists():
+        pytest.skip(f"no installed fulgor script next to {sys.executable}")
+    (tmp_path / "cwd_agent_module.py").write_text(
+        "import fulgor\n\n@fulgor.rollout\ndef solve(task):\n    return 1.0\n\nnot_an_agent = 42\n"
+    )
+    store_path = tmp_path / "store.sqlite"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+    def runner(agent: str) -> subprocess.Popen[str]:
+        command = [
+            str(script),
+            "runner",
+            "--agent",
+            f"cwd_agent_module:{agent}",
+            "--store",
+            f"sqlite:///{store_path}",
+        ]
+        return subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    # Found, then refused for not being an agent: an error only an imported module can give.
+    refused = runner("not_an_agent")
+    _, stderr = refused.communicate(timeout=60)
+    assert refused.returncode == 2
+    assert "cannot import" not in stderr
+    assert "'cwd_agent_module:not_an_agent' is not an agent" in stderr
+
+    [rollout_id] = enqueue(store_path, [0])
+    process = runner("solve")
+    try:
+        assert wait_until(lambda: statuses(store_path, [rollout_id]) == ["succeeded"], 60)
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0, stderr
+
+
 def test_a_runner_killed_mid_rollout_goes_unresponsive_and_another_finishes_it(tmp_path: Path) -> None:
     store_path = tmp_path / "store.sqlite"
     [rollout_id] = enqueue(store_path, [0], unresponsive_seconds=2)

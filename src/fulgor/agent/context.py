@@ -1,10 +1,16 @@
 """The current rollout, carried in a contextvar, and the recorder that writes its spans.
 
 What the agent emits (rewards, messages, operations) must land under the right rollout and attempt
-even when the agent starts threads or asyncio tasks: both copy contextvars, so the context follows
-the work. The recorder buffers spans from any thread and writes them to the store in batches off
-the agent's path; the runner flushes it before it reports the attempt's outcome, so no span is
-lost when a rollout ends.
+even when the agent starts asyncio tasks or ``asyncio.to_thread`` calls: both copy contextvars, so
+the context follows the work. A thread the agent starts itself (``threading.Thread``,
+``ThreadPoolExecutor.submit``) starts with an empty context and so outside the rollout: run its work
+with ``contextvars.copy_context().run(...)``, or hand it ``current_context()`` and enter
+``use_context`` there. (Falling back to "the one rollout running" would attribute a thread that
+outlived its rollout to the next one, and would work with one rollout at a time only.)
+
+The recorder buffers spans from any thread and writes them to the store in batches off the agent's
+path; the runner flushes it before it reports the attempt's outcome, so no span is lost when a
+rollout ends.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ class SpanRecorder:
     it already holds. ``flush`` writes the rest and raises the store's error when a write finally
     fails, so the runner can fail the attempt instead of pretending its trace is complete. A batch
     the store refuses as invalid is written span by span instead, so one bad span cannot hold back
-    the others: the spans it refuses are dropped, logged and counted in ``refused``.
+    the others: the spans it refuses are dropped, logged and counted in ``refused`` (as are spans
+    the OpenTelemetry bridge could not convert, see ``count_refused``).
     """
 
     def __init__(self, store: Store, *, write_tries: int = 4, retry_delay_seconds: float = 0.1) -> None:
@@ -72,6 +79,11 @@ class SpanRecorder:
         """How many recorded spans have not reached the store yet."""
         with self._lock:
             return len(self._pending)
+
+    def count_refused(self) -> None:
+        """Count a span dropped before it was recorded (from any thread)."""
+        with self._lock:
+            self.refused += 1
 
     def record(self, span: Span) -> None:
         with self._lock:
@@ -114,7 +126,7 @@ class SpanRecorder:
             try:
                 await self._store.add_spans([span])
             except _PERMANENT_ERRORS as refusal:
-                self.refused += 1
+                self.count_refused()
                 logger.error(
                     "the store refused span %r (%s) of rollout %s attempt %s; it is dropped: %s",
                     span.name,
@@ -173,14 +185,18 @@ def current_context() -> RolloutContext:
     if context is None:
         raise AgentError(
             "no rollout is running in this context: call emit_* and operation from an agent that a "
-            "fulgor runner, Trainer.fit or Trainer.dev is running"
+            "fulgor runner, Trainer.fit or Trainer.dev is running. A thread the agent starts "
+            "(threading.Thread, ThreadPoolExecutor) does not inherit the rollout: submit "
+            "contextvars.copy_context().run(func, ...) instead of func, or pass it "
+            "fulgor.agent.current_context() and wrap its work in fulgor.agent.use_context(context)"
         )
     return context
 
 
 @contextmanager
 def use_context(context: RolloutContext) -> Iterator[RolloutContext]:
-    """Make ``context`` current for the code inside the block (and threads/tasks it starts)."""
+    """Make ``context`` current for the code inside the block, the asyncio tasks and
+    ``asyncio.to_thread`` calls it starts, and threads it starts through ``copy_context().run``."""
     token = _current.set(context)
     try:
         yield context

@@ -1,7 +1,9 @@
 """What an agent reports about itself: rewards, messages, objects, exceptions and operations.
 
 Each helper records one span (names and keys from :mod:`fulgor.semconv`) under the current
-rollout; nested inside an ``operation`` it becomes that operation's child.
+rollout; nested inside an ``operation`` it becomes that operation's child. In a program that a
+:class:`~fulgor.runner.SubprocessAgent` runs there is no rollout in the process: there
+``emit_reward`` posts the reward to ``$FULGOR_REWARD_URL`` instead.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +24,9 @@ from fulgor.agent.context import AgentError, RolloutContext, _current, current_c
 from fulgor.types import Reward, Span, SpanStatus
 
 __all__ = ["OperationHandle", "emit_exception", "emit_message", "emit_object", "emit_reward", "operation"]
+
+_REWARD_URL_ENV = "FULGOR_REWARD_URL"
+_POST_TIMEOUT_SECONDS = 30.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,12 +71,19 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
     """Record a reward for the current rollout.
 
     A float is the reward. A mapping holds several named values; ``primary`` names the one training
-    optimises (it may be omitted when the mapping has exactly one entry).
+    optimises (it may be omitted when the mapping has exactly one entry). Outside any rollout but
+    with ``$FULGOR_REWARD_URL`` set (in a program a SubprocessAgent runs) the reward is posted there;
+    AgentError if the endpoint refuses it or cannot be reached.
 
     >>> emit_reward({"correct": 1.0, "format": 0.5}, primary="correct")  # doctest: +SKIP
     Reward(value=1.0, primary='correct', values={'correct': 1.0, 'format': 0.5})
     """
     reward = _to_reward(value, primary)
+    context = _current.get()
+    reward_url = os.environ.get(_REWARD_URL_ENV)
+    if context is None and reward_url:
+        _post_reward(reward_url, reward)
+        return reward
     _record(
         current_context(),
         semconv.SPAN_REWARD,
@@ -83,7 +96,38 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
     return reward
 
 
+def _post_reward(url: str, reward: Reward) -> None:
+    """Post ``reward`` to a SubprocessAgent's reward endpoint (the body it documents)."""
+    # Imported here: urllib.request pulls in http.client and email, which `import fulgor` avoids.
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"values": reward.values, "primary": reward.primary}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=_POST_TIMEOUT_SECONDS):
+            return
+    except urllib.error.HTTPError as error:
+        raise AgentError(
+            f"{_REWARD_URL_ENV} refused the reward (HTTP {error.code}): {_error_message(error.read())}"
+        ) from None
+    except OSError as error:  # URLError, refused connections and timeouts
+        raise AgentError(
+            f"could not post the reward to {_REWARD_URL_ENV}={url}: {error}; is the runner that "
+            "started this program still running?"
+        ) from None
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, LookupError, TypeError):
+        return body.decode(errors="replace")[:500]
+
+
 def _to_reward(value: float | Mapping[str, float], primary: str | None) -> Reward:
+    if primary is not None and not isinstance(primary, str):
+        raise AgentError(f"primary must be the name of a reward value (a string), got {primary!r}")
     if isinstance(value, Mapping):
         values = {str(k): _finite(v, f"reward {k!r}") for k, v in value.items()}
         if primary is None:

@@ -4,13 +4,17 @@ An agent instrumented with OpenTelemetry (an OpenAI or LangChain instrumentation
 ``tracer.start_as_current_span``) keeps doing so; :func:`install` adds a span processor to the
 tracer provider that records every span started inside a rollout under that rollout and attempt,
 with its OpenTelemetry trace, span and parent ids kept. Spans started outside any rollout are
-left alone.
+left alone, and so are spans started in a thread the agent started without carrying its context
+(see :mod:`fulgor.agent.context`). The bridge never raises into the agent's ``span.end()``: a
+name over the store's limit is cut to it, and a span that cannot be converted is logged, counted
+in the recorder's ``refused`` and dropped.
 
 Needs the ``opentelemetry-sdk`` package (``pip install 'fulgor[frameworks]'``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,7 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = ["install"]
 
+logger = logging.getLogger(__name__)
+
 _NANOSECONDS = 1e9
+_NAME_LIMIT = 512  # Span.name's max_length
 _STATUS: dict[int, Literal["unset", "ok", "error"]] = {0: "unset", 1: "ok", 2: "error"}
 
 
@@ -77,8 +84,22 @@ def _processor() -> Any:
                 return
             with self._lock:
                 context = self._started.pop(span.context.span_id, None)
-            if context is not None:
-                context.recorder.record(_to_span(span, context))
+            if context is None:
+                return
+            # The SDK calls this from the agent's span.end() without a guard of its own: a span
+            # fulgor cannot store must not become the agent's exception.
+            try:
+                converted = _to_span(span, context)
+            except Exception as error:
+                context.recorder.count_refused()
+                logger.error(
+                    "OpenTelemetry span %.200r of rollout %s could not be converted; it is dropped: %s",
+                    span.name,
+                    context.rollout_id,
+                    error,
+                )
+                return
+            context.recorder.record(converted)
 
         def shutdown(self) -> None:
             with self._lock:
@@ -100,7 +121,7 @@ def _to_span(span: ReadableSpan, context: RolloutContext) -> Span:
         trace_id=f"{span.context.trace_id:032x}",
         span_id=f"{span.context.span_id:016x}",
         parent_id=None if span.parent is None else f"{span.parent.span_id:016x}",
-        name=span.name,
+        name=span.name[:_NAME_LIMIT],
         start_time=start,
         end_time=end,
         attributes=_plain(span.attributes),

@@ -28,19 +28,26 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 
 from fulgor.agent.base import Runnable
-from fulgor.errors import ConfigError
+from fulgor.errors import ConfigError, FulgorError
 from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
 
-__all__ = ["PoolConfig", "RunnerPool", "check_shared_store", "load_agent"]
+__all__ = ["PoolConfig", "RunnerPool", "check_shared_store", "check_store_url", "load_agent"]
 
 logger = logging.getLogger(__name__)
 
 
 def load_agent(spec: str) -> Runnable:
-    """Import ``module:object`` and return it as a runnable agent (an instance, or a class to build)."""
+    """Import ``module:object`` and return it as a runnable agent (an instance, or a class to build).
+
+    Modules in the current directory are importable, as with ``python -m``: the installed
+    ``fulgor`` script has its own folder on ``sys.path`` instead, so the current directory is
+    added (after everything else, so that it cannot shadow an installed package). Spawned runner
+    processes inherit the parent's ``sys.path``.
+    """
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"agent {spec!r} must be written module:object, e.g. examples.calc.agent:solve")
+    _add_current_directory_to_path()
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -56,6 +63,12 @@ def load_agent(spec: str) -> Runnable:
             f"{spec!r} is not an agent: decorate a function with @fulgor.rollout or subclass Agent"
         )
     return agent
+
+
+def _add_current_directory_to_path() -> None:
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
 
 
 def check_shared_store(store_url: str) -> None:
@@ -83,12 +96,28 @@ class PoolConfig:
             raise ConfigError(f"n_runners must be >= 1, got {self.n_runners}")
 
 
+def check_store_url(store_url: str) -> None:
+    """Open and close the store at ``store_url`` once: a bad URL is one ConfigError here, not a
+    traceback from every runner process. Whether a server is up is not checked: runners retry."""
+    from fulgor.store.sync import open_store
+
+    try:
+        store = open_store(store_url)
+    except FulgorError:
+        raise
+    except Exception as error:  # the pool's boundary: whatever the backend raised, said plainly
+        raise ConfigError(f"cannot open the store {store_url!r}: {error}") from error
+    asyncio.run(store.close())  # the pool is driven from a main thread without an event loop
+
+
 class RunnerPool:
     """Starts, supervises and stops ``n_runners`` runner processes."""
 
     def __init__(self, agent_spec: str, store_url: str, config: PoolConfig | None = None) -> None:
         check_shared_store(store_url)
-        load_agent(agent_spec)  # fail here, in the parent, with a clear message
+        # Fail here, in the parent, with one clear message rather than in every child.
+        load_agent(agent_spec)
+        check_store_url(store_url)
         self.agent_spec = agent_spec
         self.store_url = store_url
         self.config = config or PoolConfig()

@@ -9,8 +9,13 @@ The program learns everything from its environment (DESIGN.md, "Zero-code agents
 ``FULGOR_BASE_URL``    the same URL without ``/v1``: the rollout's root on the gateway
 ``FULGOR_REWARD_URL``  ``POST {"value": 1.0}`` here (or ``{"values": {...}, "primary": ...}``)
 ``FULGOR_ROLLOUT_ID``  the rollout id (``FULGOR_ATTEMPT_ID`` the attempt id)
-``FULGOR_TASK``        the task input as JSON
+``FULGOR_TASK``        the task input as JSON; left out when longer than 128 KiB (Linux refuses
+                       a longer variable), so a program that may get large tasks reads the file
+``FULGOR_TASK_FILE``   the path of a file holding the same JSON (always set; deleted afterwards)
 =====================  ==========================================================================
+
+A Python program can also call ``fulgor.emit_reward(1.0)``: outside a rollout it posts to
+``FULGOR_REWARD_URL``.
 
 The reward URL is served by a small HTTP endpoint on 127.0.0.1 inside the runner process, so it
 works with an embedded SQLite store as well as with ``fulgor serve``. Each program runs in its own
@@ -21,19 +26,20 @@ is terminated (SIGTERM, then SIGKILL after ``kill_grace_seconds``), so no grandc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import secrets
 import signal
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
 from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
 from fulgor.agent.emit import emit_message, emit_reward
-from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
+from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, error_reply, serve_http
 from fulgor.types import LLM, Resource, Rollout
 
 __all__ = ["ProgramResult", "SubprocessAgent"]
@@ -42,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 _OUTPUT_LIMIT_BYTES = 64 * 1024
 _BODY_LIMIT_BYTES = 64 * 1024
+# Linux's MAX_ARG_STRLEN (32 pages): one longer "NAME=value" string fails exec with E2BIG.
+_TASK_ENV_LIMIT_BYTES = 128 * 1024 - len("FULGOR_TASK=") - 1
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,8 @@ class SubprocessAgent:
     """Runs ``command`` once per rollout with the environment contract above.
 
     ``reward_fn(result) -> float | None`` turns the program's output into a reward when the
-    program does not post one itself. Without a reward function, a non-zero exit code fails the
+    program does not post one itself; it runs in a thread, so a slow check does not hold up the
+    runner's heartbeats and other rollouts. Without a reward function, a non-zero exit code fails the
     attempt (the tail of stderr is the error).
     """
 
@@ -84,15 +93,19 @@ class SubprocessAgent:
 
     async def run(self, task: Any, resources: Mapping[str, Resource], rollout: Rollout) -> float | None:
         context = current_context()
+        task_json = json.dumps(task)
         reward_url = await self._rewards.register(context)
         try:
-            result = await self._run_program(self._environment(task, resources, context, reward_url), task)
+            with _task_file(task_json) as task_path:
+                env = self._environment(resources, context, reward_url, task_json, task_path)
+                result = await self._run_program(env, task)
         finally:
             self._rewards.unregister(context)
         if result.stdout:
             emit_message(result.stdout[-_OUTPUT_LIMIT_BYTES:])
         if self.reward_fn is not None:
-            reward = self.reward_fn(result)
+            # In a thread (with this rollout's context): a slow check must not block the event loop.
+            reward = await asyncio.to_thread(self.reward_fn, result)
             return None if reward is None else emit_reward(reward).value
         if result.exit_code != 0:
             raise AgentError(
@@ -101,7 +114,12 @@ class SubprocessAgent:
         return None
 
     def _environment(
-        self, task: Any, resources: Mapping[str, Resource], context: RolloutContext, reward_url: str
+        self,
+        resources: Mapping[str, Resource],
+        context: RolloutContext,
+        reward_url: str,
+        task_json: str,
+        task_path: str,
     ) -> dict[str, str]:
         env = {**os.environ, **self.env}
         llm = resources.get("llm") or next((r for r in resources.values() if isinstance(r, LLM)), None)
@@ -118,8 +136,12 @@ class SubprocessAgent:
             FULGOR_REWARD_URL=reward_url,
             FULGOR_ROLLOUT_ID=context.rollout_id,
             FULGOR_ATTEMPT_ID=context.attempt_id,
-            FULGOR_TASK=json.dumps(task),
+            FULGOR_TASK_FILE=task_path,
         )
+        if len(task_json.encode()) <= _TASK_ENV_LIMIT_BYTES:
+            env["FULGOR_TASK"] = task_json
+        else:
+            env.pop("FULGOR_TASK", None)  # not one inherited from the runner's own environment
         return env
 
     async def _run_program(self, env: dict[str, str], task: Any) -> ProgramResult:
@@ -174,7 +196,7 @@ class _RewardEndpoint:
     """
 
     def __init__(self) -> None:
-        self._server: asyncio.Server | None = None
+        self._server: HttpServer | None = None
         self._port = 0
         self._contexts: dict[str, RolloutContext] = {}
         self._tokens: dict[str, str] = {}
@@ -220,7 +242,8 @@ class _RewardEndpoint:
             value = data["values"] if "values" in data else data["value"]
             with use_context(context):
                 reward = emit_reward(value, primary=data.get("primary"))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError); RecursionError: absurd nesting.
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return error_reply(
                 400,
                 "validation_error",
@@ -229,6 +252,19 @@ class _RewardEndpoint:
         except AgentError as error:
             return error_reply(400, "validation_error", error.message)
         return HttpReply(body=json.dumps({"value": reward.value, "primary": reward.primary}).encode())
+
+
+@contextlib.contextmanager
+def _task_file(task_json: str) -> Iterator[str]:
+    """A private temporary file holding the task's JSON, deleted when the block ends."""
+    descriptor, path = tempfile.mkstemp(prefix="fulgor-task-", suffix=".json")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(task_json)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # the program may have removed it itself
+            os.unlink(path)
 
 
 def _tail(output: IO[bytes]) -> str:

@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fulgor.agent.base import Runnable
 from fulgor.agent.context import RolloutContext, SpanRecorder, use_context
@@ -31,6 +31,8 @@ from fulgor.types import LLM, AttemptedRollout, AttemptStatus, Resource
 __all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
 
 logger = logging.getLogger(__name__)
+
+_TOKEN_ENV = "FULGOR_TOKEN"  # the run's key, as fulgor serve and fulgor gateway read it
 
 
 def default_worker_id() -> str:
@@ -52,6 +54,11 @@ class RunnerConfig:
     shutdown_grace_seconds: float = 10.0
     gateway_url: str | None = None
     """When set, every LLM resource's endpoint becomes the rollout's own gateway URL."""
+    gateway_api_key: str | None = field(default=None, repr=False)
+    """With ``gateway_url``: the key agents send the gateway, in place of the LLM resource's own key
+    (the upstream's, which must not reach agents). The gateway checks the run's key, so None means
+    ``$FULGOR_TOKEN`` (as ``fulgor gateway`` and ``fulgor serve`` read it), looked up per rollout
+    rather than stored here, where it would travel with the config (command lines, logs)."""
     opentelemetry: bool = True
     """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk)."""
 
@@ -172,9 +179,11 @@ class Runner:
         gateway = self.config.gateway_url
         if gateway is not None:
             url = gateway_base_url(gateway, claimed.rollout_id, claimed.attempt.attempt_id)
+            key = self.config.gateway_api_key or os.environ.get(_TOKEN_ENV) or None
+            update = {"endpoint": url, "api_key": key}
             for name, resource in resources.items():
                 if isinstance(resource, LLM):
-                    resources[name] = resource.model_copy(update={"endpoint": url})
+                    resources[name] = resource.model_copy(update=update)
         return resources
 
     async def _report(self, claimed: AttemptedRollout, status: AttemptStatus, error: str | None) -> None:

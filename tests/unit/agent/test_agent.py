@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,7 @@ from fulgor.agent import (
     AgentError,
     RolloutContext,
     SpanRecorder,
+    current_context,
     emit_exception,
     emit_message,
     emit_object,
@@ -23,6 +25,7 @@ from fulgor.agent import (
     rollout,
     use_context,
 )
+from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
 from fulgor.store import MemoryStore
 from fulgor.types import LLM, AttemptedRollout, PromptTemplate, RolloutRequest, Span
 
@@ -100,6 +103,7 @@ async def test_emit_helpers_record_spans_under_the_rollout(
         (lambda: emit_reward(float("nan")), "finite"),
         (lambda: emit_reward("1"), "number"),  # type: ignore[arg-type]
         (lambda: emit_object({1, 2}), "JSON"),
+        (lambda: emit_reward(1.0, primary=5), "primary must be the name"),  # type: ignore[arg-type]
     ],
 )
 async def test_bad_values_are_refused_and_record_nothing(
@@ -184,6 +188,65 @@ async def test_threads_and_tasks_started_by_the_agent_stay_attributed(
         "to_thread",
     ]
     assert {s.rollout_id for s in spans} == {claimed.rollout_id}
+
+
+async def test_a_bare_thread_is_told_how_to_carry_the_rollout(
+    store: MemoryStore, claimed: AttemptedRollout
+) -> None:
+    """Plain threads do not copy contextvars: the error names the remedy, and the remedy works."""
+    failures: list[BaseException] = []
+
+    def bare() -> None:
+        try:
+            emit_message("lost")
+        except AgentError as error:
+            failures.append(error)
+
+    def carried(context: RolloutContext) -> None:
+        with use_context(context):
+            emit_message("carried")
+
+    def body() -> None:
+        for thread in (
+            threading.Thread(target=bare),
+            threading.Thread(target=carried, args=(current_context(),)),
+        ):
+            thread.start()
+            thread.join()
+
+    spans = await run_in_context(store, claimed, body)
+    [failure] = failures
+    assert "copy_context().run" in str(failure)
+    assert "use_context" in str(failure)
+    assert [s.attributes[semconv.ATTR_MESSAGE_BODY] for s in spans] == ["carried"]
+
+
+async def test_outside_a_rollout_emit_reward_posts_to_the_reward_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a program a SubprocessAgent runs there is no rollout in the process, only the URL."""
+    bodies: list[bytes] = []
+
+    async def handle(request: HttpRequest) -> HttpReply:
+        bodies.append(request.body)
+        if len(bodies) == 1:
+            return HttpReply(body=b"{}")
+        return error_reply(400, "validation_error", "this rollout already ended")
+
+    server = await serve_http(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("FULGOR_REWARD_URL", f"http://127.0.0.1:{port}/reward/t")
+    try:
+        reward = await asyncio.to_thread(emit_reward, {"correct": 1.0, "format": 0.5}, primary="correct")
+        assert reward.value == 1.0
+        with pytest.raises(AgentError, match=r"HTTP 400.*already ended"):
+            await asyncio.to_thread(emit_reward, 1.0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert json.loads(bodies[0]) == {"values": {"correct": 1.0, "format": 0.5}, "primary": "correct"}
+    with pytest.raises(AgentError, match="could not post the reward"):
+        await asyncio.to_thread(emit_reward, 1.0)  # nobody listens on the port any more
 
 
 async def test_rollout_functions_and_agents_get_arguments_by_name(

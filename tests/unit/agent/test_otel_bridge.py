@@ -68,3 +68,25 @@ async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> Non
     assert span.attributes == {"loss": "NaN", "bounds": ["-Infinity", 1.5, "Infinity"]}
     assert recorder.refused == 0
     await store.close()
+
+
+async def test_a_span_fulgor_cannot_store_never_raises_into_the_agent() -> None:
+    """The SDK calls the bridge from span.end() unguarded: a name over the store's 512-character
+    limit is cut to it, and a span that cannot be converted at all is dropped and counted."""
+    store = MemoryStore()
+    provider = TracerProvider()
+    install(provider)
+    tracer = provider.get_tracer("agent")
+    await store.enqueue([RolloutRequest(input=1)])
+    [claimed] = await store.claim("w")
+    recorder = SpanRecorder(store)
+    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
+    with use_context(context):
+        tracer.start_span("x" * 600).end()
+        tracer.start_span("").end()  # an empty name is no valid span name
+        tracer.start_span("after").end()
+    await recorder.flush()
+    names = [span.name for span in await store.query_spans(claimed.rollout_id)]
+    assert names == ["x" * 512, "after"]
+    assert recorder.refused == 1
+    await store.close()

@@ -88,6 +88,38 @@ async def test_gateway_url_is_handed_to_the_agent_per_rollout(store: Store) -> N
     assert seen[0] == f"http://127.0.0.1:7000/r/{created.rollout_id}/{attempt.attempt_id}/v1"
 
 
+@pytest.mark.parametrize(
+    ("configured", "environment", "expected"),
+    [("run-key", "env-key", "run-key"), (None, "env-key", "env-key"), (None, None, None)],
+)
+async def test_through_the_gateway_agents_get_its_key_never_the_upstreams(
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    configured: str | None,
+    environment: str | None,
+    expected: str | None,
+) -> None:
+    seen: list[str | None] = []
+
+    @rollout
+    def agent(llm: LLM) -> float:
+        seen.append(llm.api_key)
+        return 1.0
+
+    if environment is None:
+        monkeypatch.delenv("FULGOR_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("FULGOR_TOKEN", environment)
+    await store.put_resources({"llm": LLM(endpoint="http://engine/v1", model="m", api_key="upstream-secret")})
+    [created] = await store.enqueue([RolloutRequest(input={})])
+    config = RunnerConfig(
+        claim_wait_seconds=0.2, gateway_url="http://127.0.0.1:7000", gateway_api_key=configured
+    )
+    assert "run-key" not in repr(config)
+    await run_until_done(Runner(agent, store, config=config), store, [created.rollout_id])
+    assert seen == [expected]
+
+
 async def test_a_hanging_agent_times_out_and_is_retried(store: Store) -> None:
     await store.put_resources({"llm": LLM(endpoint="http://upstream/v1", model="m")})
     config = RolloutConfig(timeout_seconds=0.3, max_attempts=2)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -115,6 +116,79 @@ async def test_python_script_posts_named_rewards_and_bad_posts_get_clear_errors(
     assert "not among" in wrong_primary[1]["error"]["message"]
     assert good == [200, {"value": 1.0, "primary": "correct"}]
     assert forged_status == 404
+    assert await rewards(store, rollout_id) == [1.0]
+
+
+async def test_bad_reward_bodies_get_a_400_not_a_dropped_connection(store: MemoryStore) -> None:
+    script = textwrap.dedent(
+        """\
+        import json, os, urllib.request, urllib.error
+
+        def post(data):
+            request = urllib.request.Request(os.environ["FULGOR_REWARD_URL"], data=data)
+            try:
+                with urllib.request.urlopen(request) as response:
+                    return response.status, json.load(response)
+            except urllib.error.HTTPError as error:
+                return error.code, json.load(error)
+
+        print(json.dumps([post(b'{"value": 1.0, "primary": 5}'), post(b'{"value": "\\xff"}')]))
+        """
+    )
+    [rollout_id] = await run_all(store, SubprocessAgent([sys.executable, "-c", script]), [{}])
+    [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+    wrong_primary, not_utf8 = json.loads(message.attributes[semconv.ATTR_MESSAGE_BODY])
+    assert wrong_primary[0] == 400
+    assert "primary must be the name" in wrong_primary[1]["error"]["message"]
+    assert not_utf8[0] == 400
+    assert "send JSON like" in not_utf8[1]["error"]["message"]
+    assert await rewards(store, rollout_id) == []
+
+
+async def test_fulgor_emit_reward_in_the_program_posts_to_the_runner(store: MemoryStore) -> None:
+    program = [sys.executable, "-c", "import fulgor; fulgor.emit_reward(0.75)"]
+    [rollout_id] = await run_all(store, SubprocessAgent(program), [{}])
+    [attempt] = await store.list_attempts(rollout_id)
+    assert (attempt.status, attempt.error) == ("succeeded", None)
+    assert await rewards(store, rollout_id) == [0.75]
+
+
+async def test_a_task_too_large_for_the_environment_comes_in_a_file(store: MemoryStore) -> None:
+    seen: list[tuple[ProgramResult, bool]] = []
+
+    def reward(result: ProgramResult) -> float:
+        seen.append((result, os.path.exists(result.stdout.split()[0])))  # the file, once it ended
+        return 1.0
+
+    program = [
+        sys.executable,
+        "-c",
+        "import json, os; path = os.environ['FULGOR_TASK_FILE']; "
+        "print(path, 'FULGOR_TASK' in os.environ, len(json.load(open(path))['text']))",
+    ]
+    big, small = {"text": "a" * 200_000}, {"text": "ab"}
+    await run_all(store, SubprocessAgent(program, reward_fn=reward), [big, small])
+    results = {result.task["text"][:2]: (*result.stdout.split()[1:], left) for result, left in seen}
+    assert results["aa"] == ("False", "200000", False)  # not in the environment; file cleaned up
+    assert results["ab"] == ("True", "2", False)
+
+
+async def test_a_slow_reward_function_does_not_block_the_event_loop(store: MemoryStore) -> None:
+    # The reward function waits for the event loop to answer: run on the loop, it would wait alone.
+    loop = asyncio.get_running_loop()
+    started, answered = asyncio.Event(), threading.Event()
+
+    def reward(result: ProgramResult) -> float:
+        loop.call_soon_threadsafe(started.set)
+        return 1.0 if answered.wait(timeout=5) else 0.0
+
+    async def answer() -> None:
+        await started.wait()
+        answered.set()
+
+    answering = asyncio.create_task(answer())
+    [rollout_id] = await run_all(store, SubprocessAgent(["true"], reward_fn=reward), [{}])
+    await answering
     assert await rewards(store, rollout_id) == [1.0]
 
 
