@@ -59,3 +59,44 @@ def test_binding_beyond_loopback_needs_the_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "needs the run's key" in result.stderr
+
+
+def test_the_gateway_closes_its_store_when_it_stops(tmp_path: Path) -> None:
+    noting_close = (
+        "import sys\n"
+        "from fulgor.store.sqlite import SqliteStore\n"
+        "close = SqliteStore.close\n"
+        "async def noting_close(self):\n"
+        "    print('store closed', file=sys.stderr, flush=True)\n"
+        "    await close(self)\n"
+        "SqliteStore.close = noting_close\n"
+        "from fulgor.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    command = [
+        sys.executable,
+        "-c",
+        noting_close,
+        "gateway",
+        "--port",
+        "0",
+        "--upstream",
+        "http://127.0.0.1:1/v1",
+    ]
+    process = subprocess.Popen(
+        [*command, "--store", f"sqlite:///{tmp_path}/store.sqlite"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), process.stderr.read() if process.stderr else ""
+        assert httpx.get(f"{url}/gateway/state", timeout=10).status_code == 200  # serving, signals handled
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert stderr.splitlines().count("store closed") == 1

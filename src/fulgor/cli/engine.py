@@ -7,14 +7,20 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from fulgor.cli._options import port_number
+from fulgor.errors import ConfigError, FulgorError
 
 __all__ = ["register"]
 
 logger = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "FULGOR_ENGINE_ADMIN_TOKEN"
+# Flags only fulgor's own engine uses; their default is None so that --backend vllm can refuse them.
+LOCAL_ONLY_FLAGS = ("admin_token_file", "device", "dtype", "threads", "max_batch_size")
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -33,27 +39,30 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handle)
 
 
-def _serve_local(args: argparse.Namespace, admin_token: str | None) -> int:
-    import torch
+def _serve_local(args: argparse.Namespace) -> int:
+    from fulgor.engine.loading import require_torch
+
+    torch = require_torch()  # its ImportError names the extra to install
 
     from fulgor.engine.local import EngineConfig, LocalEngine
     from fulgor.engine.server import create_app
     from fulgor.net.asgi import ServerThread
     from fulgor.net.sockets import bind_socket
 
+    admin_token = _admin_token(args)
     sock = bind_socket(args.host, args.port)  # fail on a taken port before loading the model
     if args.threads:
         torch.set_num_threads(args.threads)
+    # Flags left out keep EngineConfig's defaults (None marks them unset, see _serve_vllm).
+    options = {name: getattr(args, name) for name in ("device", "dtype", "max_batch_size")}
     config = EngineConfig(
         model=Path(args.model),
         served_model_name=args.served_model_name,
-        device=args.device,
-        dtype=args.dtype,
         max_model_len=args.max_model_len,
-        max_batch_size=args.max_batch_size,
         seed=args.seed,
         model_version=args.model_version,
         admin_token=admin_token,
+        **{name: value for name, value in options.items() if value is not None},
     )
     try:
         engine = LocalEngine.from_config(config)
@@ -61,13 +70,19 @@ def _serve_local(args: argparse.Namespace, admin_token: str | None) -> int:
         sock.close()
         raise
     server = ServerThread(create_app(engine), sock=sock)
-    _run_until_stopped(server.start(), server.wait, server.stop)
+    _run_until_stopped(server.start, server.wait, server.stop)
     return 0
 
 
 def _serve_vllm(args: argparse.Namespace) -> int:
     from fulgor.engine.vllm import VLLMConfig, VLLMServer
 
+    given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY_FLAGS if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} only apply to --backend local; drop them, and pass vLLM's own flags "
+            "with --vllm-arg=--FLAG (repeatable)"
+        )
     config = VLLMConfig(
         model=args.model,
         host=args.host,
@@ -78,14 +93,16 @@ def _serve_vllm(args: argparse.Namespace) -> int:
         extra_args=tuple(args.vllm_arg),
     )
     server = VLLMServer(config)
-    _run_until_stopped(server.start(), server.wait, server.stop)
+    _run_until_stopped(server.start, server.wait, server.stop)
     return 0
 
 
-def _run_until_stopped(url: str, wait: Any, stop: Any) -> None:
+def _run_until_stopped(start: Callable[[], str], wait: Callable[[], None], stop: Callable[[], None]) -> None:
+    """Start, print the URL, serve until Ctrl+C or SIGTERM; stop in every case, even when the signal
+    comes while starting (vLLM runs in a session of its own, so the terminal's Ctrl+C never reaches it)."""
     _stop_on_sigterm()
-    print(url, flush=True)
     try:
+        print(start(), flush=True)
         wait()
     except KeyboardInterrupt:
         logger.info("stopping")
@@ -94,15 +111,12 @@ def _run_until_stopped(url: str, wait: Any, stop: Any) -> None:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from fulgor.errors import FulgorError
-
     try:
-        admin_token = _admin_token(args)
         if args.backend == "vllm":
             return _serve_vllm(args)
-        return _serve_local(args, admin_token)
-    except (FulgorError, ValueError, OSError) as exc:
-        print(f"fulgor engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return _serve_local(args)
+    except (FulgorError, ValueError, OSError, ImportError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
 
 
@@ -120,14 +134,14 @@ def register(subparsers: Any) -> None:
         "--backend", choices=("local", "vllm"), default="local", help="fulgor's engine or vLLM"
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     parser.add_argument("--served-model-name", help="model name clients send (default: the directory name)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument(
-        "--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on GPU), float32, ..."
+        "--dtype", help="auto (default: float32 on CPU, bfloat16 on GPU), float32, bfloat16 or float16"
     )
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="sequences decoded together")
+    parser.add_argument("--max-batch-size", type=int, help="sequences decoded together (default 64)")
     parser.add_argument("--seed", type=int, help="seed for requests that bring none")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--model-version", type=int, default=0, help="version number of the initial weights")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fulgor.cli._options import port_number
 from fulgor.errors import ConfigError, FulgorError
 
 DEFAULT_PORT = 8475
@@ -28,7 +29,7 @@ def register(subparsers: Any) -> None:
     add_upstream_arguments(parser, required=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)"
+        "--port", type=port_number, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = free)"
     )
     parser.add_argument("--token-file", type=Path, help="file holding the run's key (else $FULGOR_TOKEN)")
     parser.set_defaults(handler=_run)
@@ -76,11 +77,41 @@ def _run(args: argparse.Namespace) -> int:
                 f"binding to {args.host} needs the run's key: pass --token-file or set FULGOR_TOKEN"
             )
         store = open_store(args.store)
-        app = build_gateway(args, store, key)
-        sock = bind_socket(args.host, args.port)
+        try:
+            app = _closing_store(build_gateway(args, store, key), store)
+            sock = bind_socket(args.host, args.port)
+        except BaseException:
+            close_store(store)
+            raise
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
     serve_forever(app, sock, access_log=args.verbose)
     return 0
+
+
+def _closing_store(app: Any, store: Any) -> Any:
+    """``app``, whose lifespan shutdown also closes ``store`` (on the server's event loop, which owns
+    the store's connections), once the gateway has written what it still held."""
+
+    async def closing(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+
+        async def send_after_close(message: Any) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await store.close()
+            await send(message)
+
+        await app(scope, receive, send_after_close)
+
+    return closing
+
+
+def close_store(store: Any) -> None:
+    """Close a store opened by a CLI command that fails before serving it."""
+    import asyncio
+
+    asyncio.run(store.close())

@@ -17,8 +17,8 @@ def _init(args: argparse.Namespace) -> int:
     try:
         corpus = _read_corpus(args.corpus) if args.corpus else []
         out = init_model(args.out, args.size, arch=args.arch, seed=args.seed, corpus=corpus)
-    except EngineError as exc:
-        print(f"fulgor model init: {exc.message}", file=sys.stderr)
+    except (EngineError, ImportError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
     print(out)
     return 0

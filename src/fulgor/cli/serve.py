@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fulgor.cli.gateway import add_upstream_arguments, build_gateway
+from fulgor.cli._options import port_number
+from fulgor.cli.gateway import add_upstream_arguments, build_gateway, close_store
 from fulgor.errors import ConfigError, FulgorError
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
@@ -27,7 +28,10 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("serve", help="serve the store API and OTLP span ingestion over HTTP")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)"
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0 picks a free one)",
     )
     parser.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
     parser.add_argument(
@@ -63,25 +67,20 @@ def _serve(args: argparse.Namespace) -> int:
         server.check_bind(args.host, token)
         if args.store.startswith(("http://", "https://")):
             raise ConfigError(
-                "--store must be a local store (sqlite:///PATH or memory://), not another server"
+                "--store must be a store this process opens (sqlite:///PATH, postgresql://... or "
+                "memory://), not another fulgor server"
             )
         store = open_store(args.store)
         try:
             gateway = build_gateway(args, store, token) if args.upstream else None
+            app = server.create_app(server.ServerConfig(store=store, token=token), gateway=gateway)
             sock = bind_socket(args.host, args.port)
-        except (ConfigError, ImportError):
-            _close(store)
+        except BaseException:
+            close_store(store)
             raise
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
-    app = server.create_app(server.ServerConfig(store=store, token=token), gateway=gateway)
     print(url_of(sock), flush=True)
     serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.state.fulgor.draining.begin)
     return 0
-
-
-def _close(store: Any) -> None:
-    import asyncio
-
-    asyncio.run(store.close())

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import Any, get_args
 
 from fulgor.errors import FulgorError
 from fulgor.store.base import Store
 from fulgor.store.sync import open_store
+from fulgor.types import RolloutStatus
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
 
@@ -28,7 +29,9 @@ def register(subparsers: Any) -> None:
 
     rollouts = commands.add_parser("rollouts", help="list rollouts, oldest first")
     _add_store_flag(rollouts)
-    rollouts.add_argument("--status", action="append", help="only this status (repeatable)")
+    rollouts.add_argument(
+        "--status", action="append", choices=get_args(RolloutStatus), help="only this status (repeatable)"
+    )
     rollouts.add_argument("--group-id", help="only rollouts of this group")
     rollouts.add_argument("--limit", type=int, default=50)
     rollouts.set_defaults(handler=lambda args: _run(args, _rollouts))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -325,9 +326,7 @@ def init_model(
         raise ModelLoadError(f"unknown architecture {arch!r}; choose 'llama' or 'qwen2'")
     torch = require_torch()
     transformers = require_transformers()
-    out = Path(out_dir)
-    if (out / "config.json").exists():
-        raise ModelLoadError(f"{out} already holds a model; pick an empty --out directory")
+    out = _output_directory(Path(out_dir))
     spec = MODEL_SIZES[size]
     tokenizer = _fast_tokenizer(spec, seed, corpus)
     config = _model_config(spec, arch, tokenizer)
@@ -336,9 +335,23 @@ def init_model(
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
     )
-    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
     logger.info("built a %s %s model with %d parameters in %s", size, arch, params, out)
+    return out
+
+
+def _output_directory(out: Path) -> Path:
+    """``out``, created and writable: checked before any work, so a bad --out fails at once."""
+    if (out / "config.json").exists():
+        raise ModelLoadError(f"{out} already holds a model; pick an empty --out directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot create the directory {out}: {exc.strerror}; pass --out a new or empty directory"
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ModelLoadError(f"cannot write into {out}; pass --out a directory you can write to")
     return out

@@ -29,11 +29,18 @@ class Upstream:
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
+        bad = f"upstream URL {self.url!r} is not http(s)://HOST[:PORT]/v1"
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"upstream URL {self.url!r} is not http(s)://HOST[:PORT]/v1; pass the base URL")
+            raise ConfigError(f"{bad}; pass the base URL")
+        try:
+            port = parts.port
+        except ValueError:  # not a number, or over 65535
+            port = 0
+        if port == 0:
+            raise ConfigError(f"{bad}: its port is not a number from 1 to 65535; fix the port")
         object.__setattr__(self, "scheme", parts.scheme)
         object.__setattr__(self, "host", parts.hostname)
-        object.__setattr__(self, "port", parts.port or (443 if parts.scheme == "https" else 80))
+        object.__setattr__(self, "port", port or (443 if parts.scheme == "https" else 80))
         object.__setattr__(self, "base_path", parts.path.rstrip("/"))
 
 

@@ -162,18 +162,10 @@ class SqliteStore:
         self._cross_process_seconds = cross_process_seconds
         self._lock = threading.RLock()
         self._signal = rules.ChangeSignal()
-        self._conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_seconds
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        self._conn.execute("PRAGMA foreign_keys=OFF")
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it instead
         self._closed = False
         self._last_sweep = -math.inf
+        self._open(synchronous, busy_timeout_seconds)
         self._checkpointer = _Checkpointer(self.path, checkpoint_seconds, busy_timeout_seconds)
-        with self._write():
-            self._create_schema()
 
     # -- rollouts ---------------------------------------------------------------------------------
 
@@ -503,6 +495,34 @@ class SqliteStore:
     def _check_open(self) -> None:
         if self._closed:
             raise ValidationError("the store is closed; open a new one")
+
+    def _open(self, synchronous: str, busy_timeout_seconds: float) -> None:
+        """Open ``self._conn`` in WAL mode and create the schema; ConfigError when the file is no store."""
+        try:
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_seconds
+            )
+        except sqlite3.Error as error:
+            raise self._open_error(error) from None
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={synchronous}")
+            self._conn.execute("PRAGMA foreign_keys=OFF")
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it instead
+            with self._write():
+                self._create_schema()
+        except sqlite3.Error as error:
+            self._conn.close()
+            raise self._open_error(error) from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _open_error(self, error: sqlite3.Error) -> ConfigError:
+        return ConfigError(
+            f"cannot open the store file {self.path} ({error}): pass --store sqlite:///PATH naming a fulgor "
+            "SQLite store, or a new file to create one, in a folder you can write to"
+        )
 
     def _create_schema(self) -> None:
         for statement in _SCHEMA.split(";"):
