@@ -10,12 +10,14 @@ Rules (DESIGN.md, "Trajectories"):
   one sequence, and re-tokenising it would train on tokens the model never sampled.
 * Calls without engine token ids are never trained on; they are counted. So are calls without
   the engine's logprobs: the update weighs each token by its sampling logprob, and a made-up value
-  would silently skew it.
-* The rollout reward (the primary value of its last ``fulgor.reward`` span) is the reward of
-  every row. ``reward_mode="per_call"`` also fills each row's ``returns``: per token, the rewards
-  emitted after its call started (until the next call started), plus later ones discounted by
-  ``discount`` per later call. The built-in GRPO update trains on the rollout reward; ``returns``
-  are there for algorithms that assign credit per call.
+  would silently skew it. Failed calls (``ModelCall.error``) and calls that sampled no token are
+  counted apart: nothing the engine sampled is lost with them.
+* The rollout reward (the primary value of its last ``fulgor.reward`` span, or the ``reward``
+  passed in) is the reward of every row. ``reward_mode="per_call"`` also fills each row's
+  ``returns``: per token, the rewards emitted after its call started (until the next call
+  started), plus later ones discounted by ``discount`` per later call. A rollout without reward
+  spans (its reward passed in) gets that reward on its last call. The built-in GRPO update trains
+  on the rollout reward; ``returns`` are there for algorithms that assign credit per call.
 * ``agent_match`` (a regular expression on the recorded agent name) keeps only the calls of the
   chosen agents of a multi-agent system.
 
@@ -80,13 +82,21 @@ class DriftReport:
 
     calls_total: int = 0
     calls_trained: int = 0
+    """Calls with at least one token in a returned row (not truncated or dropped away)."""
     calls_missing_ids: int = 0
     calls_missing_logprobs: int = 0
+    calls_failed: int = 0
+    """Calls recorded with an error (the upstream failed, or a stream was cut off): no sample."""
+    calls_empty_response: int = 0
+    """Calls whose response has no token: nothing was sampled, so nothing is lost."""
     calls_not_matched: int = 0
     merge_breaks: int = 0
     truncated_rows: int = 0
     dropped_rows: int = 0
     rollouts_without_calls: int = 0
+    """Rollouts with no call left to train on."""
+    rollouts_without_reward: int = 0
+    """Rollouts with calls to train on but no reward (no reward span, none passed in)."""
     id_mismatches: int = 0
 
     LOSSES: ClassVar[tuple[str, ...]] = (
@@ -139,12 +149,20 @@ def build_trajectory(
     discount: float = 1.0,
     max_tokens: int | None = None,
 ) -> tuple[Trajectory | None, DriftReport]:
-    """Turn one rollout's spans into training rows; None when nothing in it can be trained on."""
+    """Turn one rollout's spans into training rows; None when nothing in it can be trained on.
+
+    ``reward`` overrides the rollout's reward spans as the rollout reward. In ``per_call`` mode the
+    returns still come from the reward spans; a rollout without any gets ``reward`` on its last
+    call (as if emitted once the agent was done).
+    """
     report = DriftReport()
     final_reward = reward if reward is not None else rollout_reward(spans)
     calls = _trainable_calls(model_calls(spans), agent_match, report)
-    if not calls or final_reward is None:
+    if not calls:
         report.rollouts_without_calls += 1
+        return None, report
+    if final_reward is None:
+        report.rollouts_without_reward += 1
         return None, report
     returns = _call_returns(calls, spans, final_reward, reward_mode, discount)
     rows = _merge(calls, returns, report)
@@ -153,6 +171,7 @@ def build_trajectory(
     if not rows:
         report.rollouts_without_calls += 1
         return None, report
+    report.calls_trained += _calls_in(rows, [call for _, call in calls])
     trajectory = Trajectory(
         rollout_id=rollout.rollout_id,
         group_id=rollout.group_id,
@@ -174,14 +193,26 @@ def _trainable_calls(
         agent = call.agent_name or span.attributes.get(semconv.ATTR_AGENT_NAME)
         if pattern is not None and (agent is None or not pattern.search(str(agent))):
             report.calls_not_matched += 1
+        elif call.error is not None:
+            report.calls_failed += 1
         elif call.token_ids_missing or call.prompt_token_ids is None or call.response_token_ids is None:
             report.calls_missing_ids += 1
+        elif not call.response_token_ids:
+            # Skipping it keeps merges exact: the next call's prompt still extends the row.
+            report.calls_empty_response += 1
         elif call.response_logprobs is None:  # when present, ModelCall has one per response id
             report.calls_missing_logprobs += 1
         else:
             kept.append((span, call))
-    report.calls_trained += len(kept)
     return kept
+
+
+def _calls_in(rows: list[TrajectoryRow], calls: list[ModelCall]) -> int:
+    """How many calls have a token in ``rows``: a row starts with each of its calls' prompt (see
+    :func:`verify_rows`), so a call's response begins at its prompt's length."""
+    return sum(
+        len(calls[index].prompt_token_ids or []) < len(row.token_ids) for row in rows for index in row.calls
+    )
 
 
 def _call_returns(
@@ -200,9 +231,13 @@ def _call_returns(
     # and the runner (the reward's) to differ a little.
     starts = [span.start_time for span, _ in calls]
     immediate = [0.0] * len(calls)
-    for reward_span in _reward_spans(spans):
+    reward_spans = _reward_spans(spans)
+    if not reward_spans:  # the reward was passed in: it comes once the agent is done
+        immediate[-1] = final_reward
+    for reward_span in reward_spans:
         before = [i for i, start in enumerate(starts) if start <= reward_span.start_time]
-        index = max(before, key=lambda i: starts[i]) if before else 0
+        # Ties (the choices of one request share its start time) go to the later call in store order.
+        index = max(before, key=lambda i: (starts[i], i)) if before else 0
         immediate[index] += float(reward_span.attributes[semconv.ATTR_REWARD_VALUE])
     returns = [0.0] * len(calls)
     running = 0.0

@@ -57,6 +57,11 @@ class Spans:
         self._add(semconv.SPAN_MODEL_CALL, {semconv.ATTR_MODEL_CALL: record.model_dump(mode="json")})
         return self
 
+    def failed(self, error: str = "upstream returned 500") -> Spans:
+        record = ModelCall(request={}, error=error)
+        self._add(semconv.SPAN_MODEL_CALL, {semconv.ATTR_MODEL_CALL: record.model_dump(mode="json")})
+        return self
+
     def reward(self, value: float) -> Spans:
         self._add(semconv.SPAN_REWARD, {semconv.ATTR_REWARD_VALUE: value})
         return self
@@ -183,3 +188,82 @@ def test_verify_rows_catches_a_token_that_is_not_the_engines() -> None:
     assert verify_rows([unmasked], [call]) == 1
     wrong_context = TrajectoryRow(token_ids=[9, 2, 3, 4], loss_mask=[0, 0, 1, 1], calls=[0])
     assert verify_rows([wrong_context], [call]) == 1
+
+
+def losses(report: DriftReport) -> dict[str, int]:
+    return {name: getattr(report, name) for name in DriftReport.LOSSES if getattr(report, name)}
+
+
+def test_a_rollout_with_calls_but_no_reward_is_counted_as_such() -> None:
+    trajectory, report = build_trajectory(ROLLOUT, Spans().call([1], [2]).call([1, 2, 3], [4]).spans)
+    assert trajectory is None
+    assert report.rollouts_without_reward == 1
+    assert report.rollouts_without_calls == 0
+    assert report.calls_total == 2
+    assert report.calls_trained == 0  # nothing was returned to train on
+
+
+def test_calls_trained_counts_only_calls_with_tokens_in_the_returned_rows() -> None:
+    # Row 1 ([1,2,3] -> [4,5,6]) keeps its first trained token; row 2 is dropped entirely.
+    spans = Spans().call([1, 2, 3], [4, 5, 6]).call([9, 9, 9, 9, 9], [7]).reward(1.0).spans
+    _, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
+    assert report.calls_trained == 1
+    # One merged row whose second call is cut away entirely by the truncation.
+    spans = Spans().call([1, 2], [3]).call([1, 2, 3, 4], [5]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[1, 2, 3, 4]]
+    assert report.calls_total == 2
+    assert report.calls_trained == 1
+    assert report.truncated_rows == 1
+
+
+def test_a_reward_after_choices_of_one_request_goes_to_the_later_one() -> None:
+    """The choices of one request (n > 1) share its start time: a tie goes to the later call."""
+    spans = Spans().call([1], [2]).call([1], [3]).reward(1.0).spans
+    first, second, reward = spans
+    tied = [first, second.model_copy(update={"start_time": first.start_time}), reward]
+    trajectory, _ = build_trajectory(ROLLOUT, tied, reward_mode="per_call", discount=0.0)
+    assert trajectory is not None
+    assert [row.returns for row in trajectory.rows] == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_per_call_mode_puts_an_explicit_reward_on_the_last_call() -> None:
+    spans = Spans().call([1], [2]).call([1, 2, 3], [4]).spans
+    trajectory, _ = build_trajectory(ROLLOUT, spans, reward=1.0, reward_mode="per_call", discount=0.5)
+    assert trajectory is not None
+    assert trajectory.reward == 1.0
+    # call 1 return = 1.0; call 0 return = 0 + 0.5 * 1.0 (hand-computed)
+    assert trajectory.rows[0].returns == [0.5, 0.5, 1.0, 1.0]
+
+
+def test_a_call_with_an_empty_response_loses_nothing() -> None:
+    """Nothing was sampled, so nothing is lost: counted apart, never as a drop or missing logprobs,
+    and the call after it still merges exactly."""
+    for with_logprobs in (True, False):
+        spans = Spans().call([1], [2]).call([1, 2], [], with_logprobs=with_logprobs).call([1, 2, 3], [4])
+        trajectory, report = build_trajectory(ROLLOUT, spans.reward(1.0).spans)
+        assert trajectory is not None
+        [row] = trajectory.rows
+        assert row.token_ids == [1, 2, 3, 4]
+        assert row.loss_mask == [0, 1, 0, 1]
+        assert report.calls_empty_response == 1
+        assert report.calls_trained == 2
+        assert report.merge_breaks == 0
+        assert losses(report) == {}
+    alone, report = build_trajectory(ROLLOUT, Spans().call([1], []).reward(1.0).spans)
+    assert alone is None
+    assert report.calls_empty_response == 1
+    assert report.rollouts_without_calls == 1
+    assert losses(report) == {}
+
+
+def test_a_failed_call_is_counted_apart_from_missing_ids() -> None:
+    spans = Spans().failed().call([1], [2]).reward(1.0).spans
+    trajectory, report = build_trajectory(ROLLOUT, spans)
+    assert trajectory is not None
+    assert [row.token_ids for row in trajectory.rows] == [[1, 2]]
+    assert report.calls_failed == 1
+    assert report.calls_missing_ids == 0
+    assert losses(report) == {}
+    assert "calls_failed" not in DriftReport.LOSSES

@@ -84,6 +84,24 @@ def test_asymmetric_clipping() -> None:
     assert out.ratio_max.item() == pytest.approx(1.5)
 
 
+def test_clip_low_bounds_a_ratio_below_one() -> None:
+    # Ratio 0.5, clip range [0.9, 1.2]. A=-1: -min(-0.5, -0.9) = 0.9 (clipped up to 1 - clip_low);
+    # A=+1: -min(0.5, 0.9) = -0.5 (the unclipped ratio is the pessimistic one).
+    for advantage, expected in ((-1.0, 0.9), (1.0, -0.5)):
+        out = policy_loss(
+            torch.full((1, 1), math.log(0.5)),
+            torch.zeros(1, 1),
+            torch.full((1, 1), advantage),
+            torch.ones(1, 1),
+            torch.tensor([0]),
+            1,
+            clip_low=0.1,
+            clip_high=0.2,
+        )
+        assert out.loss.item() == pytest.approx(expected)
+        assert out.ratio_mean.item() == pytest.approx(0.5)
+
+
 def test_truncated_importance_weights_from_recorded_sampling_logprobs() -> None:
     mask = torch.ones(1, 2)
     advantages = torch.ones(1, 2)

@@ -433,3 +433,61 @@ def test_config_is_validated_early() -> None:
         GRPOConfig(learning_rate=0)
     with pytest.raises(ConfigError, match="mini_batches"):
         GRPOConfig(mini_batches=0)
+    with pytest.raises(ConfigError, match="kl_coef"):
+        GRPOConfig(kl_coef=-0.1)
+    for norm in (0.0, -1.0):
+        with pytest.raises(ConfigError, match="max_grad_norm"):
+            GRPOConfig(max_grad_norm=norm)
+
+
+def test_an_empty_batch_is_refused_with_a_clear_error(model: torch.nn.Module) -> None:
+    with pytest.raises(ConfigError, match="at least one trajectory"):
+        PolicyUpdater(copy.deepcopy(model), GRPOConfig()).step([])
+    with pytest.raises(ConfigError, match="no trajectory rows"):
+        collate([])
+
+
+def test_a_token_at_position_0_is_never_under_the_loss_mask() -> None:
+    """Nothing precedes it, so it has no logprob (``token_logprobs`` gives 0 there): trained, it would
+    only dilute its rollout's loss and get a made-up importance weight."""
+    no_prompt = trajectory("a", "g", 1.0, [row([], [5, 6, 7])])
+    batch = collate([no_prompt, BATCH[1]])
+    assert batch.loss_mask[0].tolist() == [0, 1, 1, 0, 0, 0]
+    assert batch.loss_mask[1].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def pair(rewards: tuple[float, float], group: str = "g") -> list[Trajectory]:
+    """Two rollouts of one group, with these rewards."""
+    return [trajectory(f"{group}{i}", group, r, [row([1, 2, 3], [4 + i, 5])]) for i, r in enumerate(rewards)]
+
+
+def test_a_batch_without_signal_leaves_the_weights_alone(model: torch.nn.Module) -> None:
+    """Equal rewards: the policy gradient is 0, and AdamW must not step on its momentum (or decay)."""
+    policy = copy.deepcopy(model)
+    updater = PolicyUpdater(policy, GRPOConfig(learning_rate=1e-2, weight_decay=0.1))
+    before = params(policy)
+    assert updater.step(pair((1.0, 0.0)))["optimizer_steps"] == 1.0
+    moved = params(policy)
+    assert not torch.equal(before, moved)
+    metrics = updater.step(pair((1.0, 1.0)))
+    assert torch.equal(params(policy), moved)
+    assert metrics["optimizer_steps"] == 0.0
+    assert metrics["grad_norm"] == 0.0
+
+
+def test_with_mini_batches_only_those_with_signal_step(model: torch.nn.Module) -> None:
+    policy = copy.deepcopy(model)
+    config = GRPOConfig(learning_rate=1e-2, mini_batches=2)
+    metrics = PolicyUpdater(policy, config).step([*pair((1.0, 0.0), "g"), *pair((1.0, 1.0), "h")])
+    assert metrics["optimizer_steps"] == 1.0
+
+
+def test_with_the_kl_term_on_a_batch_without_signal_still_steps(model: torch.nn.Module) -> None:
+    policy = copy.deepcopy(model)
+    config = GRPOConfig(learning_rate=1e-2, kl_coef=0.1)
+    updater = PolicyUpdater(policy, config, reference_model=copy.deepcopy(model))
+    updater.step(pair((1.0, 0.0)))
+    moved = params(policy)
+    metrics = updater.step(pair((1.0, 1.0)))
+    assert metrics["optimizer_steps"] == 1.0
+    assert not torch.equal(params(policy), moved)

@@ -166,3 +166,18 @@ def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:
         )
     with pytest.raises(ConfigError, match="learning_rate"):
         SFTConfig(learning_rate=0)
+    for norm in (0.0, -1.0):
+        with pytest.raises(ConfigError, match="max_grad_norm"):
+            SFTConfig(max_grad_norm=norm)
+    with pytest.raises(ConfigError, match="at least one"):
+        SFTUpdater(model).step([])
+
+
+def test_a_token_at_position_0_is_not_trained(model_dir: Path) -> None:
+    """Nothing precedes it, so it has no logprob: it is neither trained nor counted."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    only_first = TrajectoryRow(token_ids=[5, 6], loss_mask=[1, 0], sampled_logprobs=[0.0, 0.0])
+    with pytest.raises(ConfigError, match="loss mask 1"):
+        SFTUpdater(model).step([only_first])
+    first_and_more = TrajectoryRow(token_ids=[5, 6, 7], loss_mask=[1, 1, 1], sampled_logprobs=[0.0] * 3)
+    assert SFTUpdater(model).step([first_and_more])["trained_tokens"] == 2.0

@@ -55,3 +55,10 @@ class GRPOConfig:
             raise ConfigError(f"mini_batches must be >= 1, got {self.mini_batches}")
         if self.importance_cap < 1:
             raise ConfigError(f"importance_cap must be >= 1, got {self.importance_cap}")
+        if not self.kl_coef >= 0:
+            raise ConfigError(f"kl_coef must be >= 0 (0 turns the KL term off), got {self.kl_coef}")
+        if not self.max_grad_norm > 0:
+            raise ConfigError(
+                f"max_grad_norm must be > 0 (pass a large value to leave gradients unclipped), "
+                f"got {self.max_grad_norm}"
+            )

@@ -32,6 +32,7 @@ from fulgor.adapters.trajectory import Trajectory
 from fulgor.algorithms.grpo import prefix
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.core import advantage_estimator, kl_penalty, policy_loss
+from fulgor.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -97,10 +98,16 @@ class Batch:
 
 
 def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
-    """Right-pad every row of every trajectory; masks come from lengths, never from token values."""
+    """Right-pad every row of every trajectory; masks come from lengths, never from token values.
+
+    A token at position 0 gets loss mask 0 whatever its row says: nothing precedes it, so no
+    logprob of it can be computed (:func:`token_logprobs`) and it could only dilute the loss.
+    """
     import torch
 
     rows = [(index, row) for index, trajectory in enumerate(trajectories) for row in trajectory.rows]
+    if not rows:
+        raise ConfigError("there are no trajectory rows to collate; pass at least one trajectory with a row")
     width = max(len(row.token_ids) for _, row in rows)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -113,6 +120,7 @@ def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
         attention[b, :n] = 1
         loss_mask[b, :n] = torch.tensor(row.loss_mask, dtype=torch.float32)
         sampling[b, :n] = torch.tensor(row.sampled_logprobs, dtype=torch.float32)
+    loss_mask[:, 0] = 0
     rollout_index = torch.tensor([index for index, _ in rows], dtype=torch.long)
     return Batch(input_ids, attention, loss_mask, sampling, rollout_index, len(trajectories))
 
@@ -325,9 +333,12 @@ class PolicyUpdater:
 
     def step(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One update from a batch of trajectories (``config.mini_batches`` optimiser steps, whole
-        groups together); returns the step's metrics, averaged over its optimiser steps."""
+        groups together); returns the step's metrics, averaged over its optimiser steps
+        (``optimizer_steps`` counts the steps taken: see :meth:`_optimise`)."""
         import torch
 
+        if not trajectories:
+            raise ConfigError("a policy update needs at least one trajectory; skip the update without one")
         device = next(self.model.parameters()).device
         advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
         advantages = advantages.to(device)
@@ -345,13 +356,18 @@ class PolicyUpdater:
         return {
             **metrics,
             "trained_tokens": sum(step["trained_tokens"] for step in steps),
-            "optimizer_steps": float(len(steps)),
+            "optimizer_steps": sum(step["optimizer_steps"] for step in steps),
             "rollouts_without_signal": float(no_signal),
             "reward_mean": float(sum(t.reward for t in trajectories) / len(trajectories)),
         }
 
     def _optimise(self, batch: Batch, advantages: torch.Tensor) -> dict[str, float]:
-        """One optimiser step over ``batch`` (its rollouts' ``advantages[R]``); returns its metrics."""
+        """One optimiser step over ``batch`` (its rollouts' ``advantages[R]``); returns its metrics.
+
+        When every advantage is 0 and no KL term is on, the gradient is 0 and the step is skipped
+        (``optimizer_steps`` 0): AdamW would still move the weights along its momentum and by
+        weight decay, on a batch that teaches nothing.
+        """
         import torch
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -372,9 +388,14 @@ class PolicyUpdater:
                     sums[key] = sums.get(key, 0.0) + value
             if prefixes is not None:
                 prefixes.backward()
+        if not self._kl_on() and not bool(advantages.any()):
+            return {**sums, "grad_norm": 0.0, "trained_tokens": total_tokens, "optimizer_steps": 0.0}
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        return {**sums, "grad_norm": float(grad_norm), "trained_tokens": total_tokens}
+        return {**sums, "grad_norm": float(grad_norm), "trained_tokens": total_tokens, "optimizer_steps": 1.0}
+
+    def _kl_on(self) -> bool:
+        return self.reference_model is not None and self.config.kl_coef > 0
 
     def _logprobs(self, batch: Batch) -> torch.Tensor:
         """``[B, T]``: the policy's present logprobs of ``batch``'s sampled tokens, without gradients."""
@@ -397,7 +418,7 @@ class PolicyUpdater:
         """The reference model's forward over ``wave``'s shared prefixes, when the KL term needs it."""
         import torch
 
-        if self.reference_model is None or self.config.kl_coef <= 0:
+        if not self._kl_on():
             return None
         with torch.no_grad():
             return forward_prefixes(self.reference_model, wave)
@@ -441,7 +462,7 @@ class PolicyUpdater:
             "importance_weight_mean": float(output.importance_weight_mean) * share,
             "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)) * share,
         }
-        if self.reference_model is not None and self.config.kl_coef > 0:
+        if self._kl_on():
             with torch.no_grad():
                 reference, _ = token_logprobs(
                     self.reference_model, part.input_ids, part.attention_mask, mask, reference_prefixes

@@ -34,6 +34,11 @@ class SFTConfig:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.micro_batch_size < 1:
             raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if not self.max_grad_norm > 0:
+            raise ConfigError(
+                f"max_grad_norm must be > 0 (pass a large value to leave gradients unclipped), "
+                f"got {self.max_grad_norm}"
+            )
 
 
 def chat_row(
@@ -123,14 +128,17 @@ class SFTUpdater:
         """One update: the mean negative log-likelihood over every trained token of ``rows``."""
         import torch
 
-        if not any(row.trained_tokens for row in rows):
-            raise ConfigError("no row has a token under loss mask 1; nothing to fine-tune on")
+        if not rows:
+            raise ConfigError("there are no rows to fine-tune on; pass at least one TrajectoryRow")
         device = next(self.model.parameters()).device
         batch = collate(
             [Trajectory(rollout_id="sft", group_id=None, reward=0.0, rows=list(rows), model_versions=[])]
-        )
-        batch = batch.to(device)
-        total = batch.loss_mask.sum()
+        ).to(device)
+        total = batch.loss_mask.sum()  # a row's first token is never trained (see collate)
+        if not total:
+            raise ConfigError(
+                "no row has a token under loss mask 1 after its first position; nothing to fine-tune on"
+            )
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
