@@ -7,6 +7,7 @@ in-process runners for an agent they cannot import), weight swaps between steps.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import socket
@@ -33,9 +34,11 @@ from fulgor.algorithms.lora import LoraConfig
 from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
-from fulgor.errors import ConfigError
-from fulgor.store import SqliteStore
+from fulgor.errors import ConfigError, ValidationError
+from fulgor.store import MemoryStore, SqliteStore
+from fulgor.store.base import Store
 from fulgor.training.checkpoints import load_training_state
+from fulgor.training.services import Services
 from fulgor.training.tracking import TensorBoardTracker, Tracker, WandbTracker
 from fulgor.types import ModelCall, Rollout
 
@@ -58,6 +61,7 @@ def make_trainer(
     max_steps: int = 2,
     trackers: Sequence[Tracker] = (),
     learning_rate: float = 1e-3,
+    store: Store | None = None,
     **options: Any,
 ) -> Trainer:
     algorithm = GRPO(
@@ -67,7 +71,7 @@ def make_trainer(
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
     return Trainer(
         algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=2, max_concurrency=4, torch_threads=2,
-        trackers=trackers,
+        trackers=trackers, store=store,
     )  # fmt: skip
 
 
@@ -132,7 +136,9 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     tmp_path: Path, model_dir: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    history = make_trainer(run_dir, model_dir).fit(one_call, TASKS, TASKS[:2])
+    # graded_call: every group has a gradient, so every step takes an optimiser step (a step whose
+    # advantages are all 0 takes none) and the optimiser state below counts them.
+    history = make_trainer(run_dir, model_dir).fit(graded_call, TASKS, TASKS[:2])
 
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines == history
@@ -199,7 +205,7 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
             assert torch.equal(restored["state"][key][name], state[name])
 
     # A new trainer on the same run directory continues after the newest checkpoint.
-    resumed = make_trainer(run_dir, model_dir, max_steps=3).fit(one_call, TASKS, TASKS[:2])
+    resumed = make_trainer(run_dir, model_dir, max_steps=3).fit(graded_call, TASKS, TASKS[:2])
     assert [line["step"] for line in resumed] == [3]
     assert resumed[0]["model_version"] == 3
     assert resumed[0]["elapsed_seconds"] > lines[2]["elapsed_seconds"]  # the run's time, not the session's
@@ -366,3 +372,67 @@ def test_a_session_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> N
         trainer.fit(one_call, TASKS)
     assert leftover_processes() == set()
     assert not list((tmp_path / "run").glob("checkpoints/*"))
+
+
+def test_time_running_out_while_the_next_step_collects_ahead_cancels_its_rollouts(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Time is left when step 1 starts and when step 2's rollouts start (while step 1 trains); it is
+    # up once step 1 has published. Step 2's rollouts hang meanwhile: they must end cancelled, not
+    # stay queued or running for the next session's runners.
+    answers = iter([False, False])
+    monkeypatch.setattr(GRPO, "out_of_time", lambda self, elapsed_seconds: next(answers, True))
+    calls = itertools.count()
+
+    @rollout
+    async def stalls_after_step_one(task: dict[str, Any], llm: LLM) -> float:
+        if next(calls) >= 4:  # step 1: 2 tasks x 2 rollouts
+            await asyncio.sleep(600)
+        reward: float = await one_call(task, llm)
+        return reward
+
+    run_dir = tmp_path / "run"
+    history = make_trainer(run_dir, model_dir, 50, async_rollouts=True).fit(stalls_after_step_one, TASKS)
+
+    assert [line["step"] for line in history] == [1]
+    rollouts, _, _ = read_store(run_dir / "store.sqlite")
+    statuses = {step: [r.status for r in rollouts if r.metadata["step"] == step] for step in (1, 2)}
+    assert statuses == {1: ["succeeded"] * 4, 2: ["cancelled"] * 4}
+    assert leftover_processes() == set()
+
+
+def test_a_store_passed_in_stays_open_for_the_next_session(tmp_path: Path, model_dir: Path) -> None:
+    store = MemoryStore()
+    trainer = make_trainer(tmp_path / "run", model_dir, store=store)
+
+    report = trainer.dev(one_call, TASKS[:1])
+    validation = trainer.evaluate(one_call, TASKS[:1])
+
+    assert [r.status for r in report.rollouts] == ["succeeded"]
+    assert 0.0 <= validation["val_accuracy"] <= 1.0
+    assert [r.mode for r in asyncio.run(store.query_rollouts())] == ["test", "val"]  # still open
+    asyncio.run(store.close())
+    assert not (tmp_path / "run" / "store.sqlite").exists()
+    assert leftover_processes() == set()
+
+
+def test_a_session_that_fails_once_started_leaves_nothing_running(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[tuple[Services, set[str]]] = []
+
+    async def put_resources(self: Trainer, services: Services) -> None:
+        started.append((services, leftover_processes()))
+        raise RuntimeError("failed once every service runs")
+
+    monkeypatch.setattr(Trainer, "put_resources", put_resources)
+    with pytest.raises(RuntimeError, match="failed once every service runs"):
+        make_trainer(tmp_path / "run", model_dir).fit(one_call, TASKS)
+
+    [(services, running)] = started
+    assert any("fulgor.training._pool" in command for command in running)  # runner processes ran
+    assert leftover_processes() == set()
+    assert_closed(services.server_url)
+    assert_closed(services.engine_url)
+    with pytest.raises(ValidationError, match="the store is closed"):  # the store the trainer opened
+        asyncio.run(services.store.query_rollouts())

@@ -4,8 +4,8 @@
 a time); ``take(step, resources)`` waits for that step's rollouts, starting the collection first
 when none was started ahead, and returns them with the step's timer, whose ``collect_rollouts`` is
 the collection's own duration (which, collected ahead, overlapped the previous step). Leaving the
-``async with`` block cancels a collection still running; its rollouts are left to the store's
-own cancellation of unfinished rollouts (the next session's ``open_run_store``).
+``async with`` block cancels a collection still running, which cancels the rollouts it enqueued
+that have not ended (:func:`~fulgor.training.rollouts.run_rollouts`).
 
 What it does not know: what collecting means (the trainer hands it a function) or when to
 collect ahead (the algorithm's ``async_rollouts``).

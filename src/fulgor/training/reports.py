@@ -1,7 +1,8 @@
 """What the trainer reports: a dev run's per-rollout table, and one JSON line of metrics per step.
 
 ``DevReport`` lists each rollout's status, reward, model calls and drift; ``str(report)`` is a
-table to print. ``MetricsLog`` appends one JSON object per training step to ``metrics.jsonl``;
+table to print. ``MetricsLog`` appends one JSON object per training step to ``metrics.jsonl`` (a
+number that is not finite, such as a NaN loss, is written as ``null``: JSON has no NaN);
 ``PhaseTimer`` measures the seconds each named step of a training step took.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -134,10 +136,23 @@ class MetricsLog:
         return self._earlier + time.monotonic() - self._started
 
     def write(self, metrics: dict[str, Any]) -> None:
+        """Append ``metrics``, NaN and infinities as ``null`` (``history`` gets what the file holds)."""
+        metrics = _finite_or_null(metrics)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as file:
-            file.write(json.dumps(metrics, sort_keys=False) + "\n")
+            file.write(json.dumps(metrics, sort_keys=False, allow_nan=False) + "\n")
         self.history.append(metrics)
+
+
+def _finite_or_null(value: Any) -> Any:
+    """``value`` with every float that is not finite, in it or in dicts and lists in it, as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(item) for item in value]
+    return value
 
 
 class ProgressBar:

@@ -1,19 +1,23 @@
 """Rollouts for training and evaluation: enqueue them, wait for them, read what they produced.
 
 ``run_rollouts`` enqueues requests and waits until every rollout has ended (the store's watchdog
-ends rollouts whose agents hang or whose runners die, by their ``RolloutConfig``).
+ends rollouts whose agents hang or whose runners die, by their ``RolloutConfig``); when the wait
+is cancelled or fails, it cancels the rollouts it enqueued that have not ended, so that no runner
+claims them later.
 ``read_outcome`` turns one ended rollout's spans into a :class:`RolloutOutcome`: its reward, model
 calls, trajectory and drift report. Only succeeded rollouts become trajectories.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
+from fulgor.errors import InvalidTransitionError
 from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
 from fulgor.types import ModelCall, Rollout, RolloutRequest
@@ -48,16 +52,45 @@ class RolloutOutcome:
 async def run_rollouts(
     store: Store, requests: Sequence[RolloutRequest], runners: RunnerGroup
 ) -> list[Rollout]:
-    """Enqueue ``requests`` and return their rollouts, in order, once every one has ended."""
+    """Enqueue ``requests`` and return their rollouts, in order, once every one has ended.
+
+    Cancelled or failing (the time budget ran out, Ctrl+C, the runners died), it cancels those not
+    ended yet before it raises: left queued, they would be claimed by the next runners to come.
+    """
     enqueued = await store.enqueue(requests)
     ended: dict[str, Rollout] = {}
     pending = [rollout.rollout_id for rollout in enqueued]
-    while pending:
-        runners.check()
-        for rollout in await store.wait(pending, timeout_seconds=_WAIT_SLICE_SECONDS):
-            ended[rollout.rollout_id] = rollout
-        pending = [rollout_id for rollout_id in pending if rollout_id not in ended]
+    try:
+        while pending:
+            runners.check()
+            for rollout in await store.wait(pending, timeout_seconds=_WAIT_SLICE_SECONDS):
+                ended[rollout.rollout_id] = rollout
+            pending = [rollout_id for rollout_id in pending if rollout_id not in ended]
+    except BaseException:
+        # Shielded: a second cancellation (another Ctrl+C) must not stop the cancelling halfway.
+        await asyncio.shield(_cancel_unfinished(store, pending))
+        raise
     return [ended[rollout.rollout_id] for rollout in enqueued]
+
+
+async def _cancel_unfinished(store: Store, rollout_ids: list[str]) -> None:
+    """Cancel those of ``rollout_ids`` that have not ended; a failure is logged, not raised (the
+    error that got here is the one to report)."""
+    try:
+        while rollout_ids:
+            try:
+                await store.cancel(rollout_ids)
+                logger.info("cancelled %d rollouts that had not ended", len(rollout_ids))
+                return
+            except InvalidTransitionError:  # one ended meanwhile, and then the store cancels none
+                ended = {rollout.rollout_id for rollout in await store.wait(rollout_ids, timeout_seconds=0)}
+                if not ended:
+                    raise
+                rollout_ids = [rollout_id for rollout_id in rollout_ids if rollout_id not in ended]
+    except Exception:
+        logger.exception(
+            "could not cancel %d unfinished rollouts; runners may still claim them", len(rollout_ids)
+        )
 
 
 async def read_outcome(
@@ -85,9 +118,12 @@ def requested_tools(call: ModelCall) -> list[Any]:
     return requested if isinstance(requested, list) else []
 
 
-def groups_without_signal(trajectories: Sequence[Trajectory]) -> int:
-    """Groups whose rollouts all got the same reward (or that have one rollout): no advantage to learn."""
+def groups_without_signal(outcomes: Sequence[RolloutOutcome]) -> int:
+    """Groups with no advantage to learn: fewer than two of their rollouts produced a trajectory
+    (failed rollouts produce none), or all those that did got the same reward."""
     rewards: dict[str, list[float]] = {}
-    for trajectory in trajectories:
-        rewards.setdefault(trajectory.group_id or trajectory.rollout_id, []).append(trajectory.reward)
+    for outcome in outcomes:
+        group = rewards.setdefault(outcome.rollout.group_id or outcome.rollout.rollout_id, [])
+        if outcome.trajectory is not None:
+            group.append(outcome.trajectory.reward)
     return sum(1 for values in rewards.values() if len(values) < 2 or max(values) == min(values))

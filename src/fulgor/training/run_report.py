@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fulgor.errors import ConfigError
 
@@ -92,7 +92,7 @@ def text_curve(history: Sequence[Mapping[str, Any]], width: int = 40) -> str:
         if accuracy is None and metrics.get("reward_mean") is None:
             continue
         tools = metrics.get("val_tool_call_rate", metrics.get("tool_call_rate"))
-        bar = "#" * round(width * accuracy) if accuracy is not None else ""
+        bar = "#" * round(width * accuracy) if _finite(accuracy) else ""
         lines.append(
             f"{metrics.get('step', '?'):>4}  {_number(metrics.get('reward_mean')):>6}  "
             f"{_number(accuracy):>7}  {_number(tools):>5}  {bar}".rstrip()
@@ -177,17 +177,17 @@ def _summary(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         summary["validation accuracy, best"] = max(m["val_accuracy"] for m in validated)
     if trained and "elapsed_seconds" in trained[-1]:
         summary["training wall time (s)"] = trained[-1]["elapsed_seconds"]
-    drift: dict[str, int] = {}
+    drift: dict[str, float] = {}
     for metrics in history:
         for key, value in metrics.items():
-            if key.startswith("drift/"):
+            if key.startswith("drift/") and _finite(value):
                 drift[key] = drift.get(key, 0) + value
     if drift:
         summary["drift totals"] = ", ".join(f"{k[6:]}={v}" for k, v in sorted(drift.items()))
     return summary
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and math.isfinite(value)
 
 

@@ -116,6 +116,12 @@ class ProcessRunners:
     A command rather than a forked or spawned child of the trainer: spawning would re-run the
     user's script (``__main__``) in every child, which breaks scripts without a main guard. The
     command sees the trainer's ``sys.path``, so it imports the agent the way the trainer did.
+
+    The pool runs in a session of its own, so that only the trainer drives its shutdown: a Ctrl+C
+    in the terminal reaches the trainer alone, whose :meth:`stop` then gives running rollouts
+    their grace period (sent to the whole process group, the SIGINT would count as the pool's
+    first signal and the trainer's SIGTERM as its second: stop at once). Should the trainer die,
+    the pool reads end-of-file on its pipe and drains.
     """
 
     def __init__(self, spec: str, store_url: str, config: PoolConfig, log_path: Path) -> None:
@@ -126,16 +132,22 @@ class ProcessRunners:
         # module it runs already imported.
         from fulgor.training._pool import command_line
 
-        # Only this process holds the write end: the pool sees end-of-file when the trainer is gone.
-        parent_read, self._parent_write = os.pipe()
-        command = command_line(spec, store_url, config, parent_read)
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
         env = {**os.environ, "PYTHONPATH": path}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)  # before the pipe: a failure leaks no descriptor
+        # Only this process holds the write end (os.pipe's descriptors are not inherited): the pool
+        # sees end-of-file when the trainer is gone.
+        parent_read, self._parent_write = os.pipe()
+        command = command_line(spec, store_url, config, parent_read)
         try:
             with log_path.open("ab") as log:
                 self._process = subprocess.Popen(
-                    command, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=(parent_read,)
+                    command,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(parent_read,),
+                    start_new_session=True,
                 )
         except BaseException:
             os.close(self._parent_write)
@@ -149,17 +161,25 @@ class ProcessRunners:
             raise FulgorError(f"the runner processes exited (code {code}); see {self._log_path} for why")
 
     async def stop(self) -> None:
-        """Drain (SIGTERM), then stop now (a second SIGTERM), then kill: each after a bounded wait."""
+        """Drain (SIGTERM), then stop now (a second SIGTERM), then kill: each after a bounded wait.
+
+        Cancelled while it waits (a second Ctrl+C), it kills the pool at once.
+        """
         drain_seconds = self._config.runner.shutdown_grace_seconds + 5.0
-        for wait_seconds in (drain_seconds, self._config.kill_after_seconds + 5.0):
-            if self._process.poll() is not None:
-                break
-            self._process.send_signal(signal.SIGTERM)
-            # The runners report their last attempts to the store on this event loop: never block it.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(self._process.wait, wait_seconds)
-        if self._process.poll() is None:
-            logger.error("the runner pool did not stop; killing it")
-            self._process.kill()
-            await asyncio.to_thread(self._process.wait)
-        os.close(self._parent_write)
+        try:
+            for wait_seconds in (drain_seconds, self._config.kill_after_seconds + 5.0):
+                if self._process.poll() is not None:
+                    break
+                self._process.send_signal(signal.SIGTERM)
+                # The runners report their last attempts to the store on this event loop: never block it.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(self._process.wait, wait_seconds)
+        finally:
+            if self._process.poll() is None:
+                logger.error("the runner pool did not stop; killing it")
+                # Killing the pool's whole session (its runner processes too) ends it at once, so
+                # this may block; a cancelled stop could not await anything more.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                self._process.wait()
+            os.close(self._parent_write)

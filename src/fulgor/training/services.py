@@ -3,9 +3,10 @@
 ``start_services`` loads the local engine and serves it on a thread of its own, serves the store
 API and the gateway from one app on the caller's event loop (so the trainer can pause, drain and
 flush the gateway and use the store directly), and starts the runners. Leaving the block stops
-runners, then the server (the gateway writes what it still holds, the store closes), then the
-engine: no process or port is left, whatever happened inside. ``open_run_store`` opens the run
-directory's SQLite store for a new session.
+runners, then the server (the gateway writes what it still holds), then the engine, then closes
+the store when the session owns it: no process or port is left, whatever happened inside. A store
+the caller owns stays open, for it to use again. ``open_run_store`` opens the run directory's
+SQLite store for a new session.
 
 What it does not know: which algorithm runs or what a training step is.
 """
@@ -18,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from fulgor.agent.base import Runnable
 from fulgor.runner.worker import RunnerConfig
@@ -88,8 +89,13 @@ async def start_services(
     n_runners: int,
     runner_config: RunnerConfig,
     runner_log: Path,
+    *,
+    owns_store: bool,
 ) -> AsyncIterator[Services]:
-    """Start engine, server + gateway and runners; stop them all on leaving, in reverse order."""
+    """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
+
+    With ``owns_store`` the store is closed last; without, it is left open for its owner.
+    """
     from fulgor.engine.local import LocalEngine
     from fulgor.engine.server import create_app as create_engine_app
     from fulgor.gateway import GatewayConfig, create_gateway_app
@@ -97,8 +103,8 @@ async def start_services(
     from fulgor.store.server import ServerConfig, create_app
 
     async with contextlib.AsyncExitStack() as stack:
-        # The server's lifespan closes the store; this closes it too when the server never started.
-        stack.push_async_callback(store.close)
+        if owns_store:  # closed last: the server's lifespan gets a store it cannot close
+            stack.push_async_callback(store.close)
         engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
         engine_server = ServerThread(create_engine_app(engine))
         stack.push_async_callback(engine_server.astop)
@@ -106,7 +112,7 @@ async def start_services(
         gateway = create_gateway_app(
             store, [engine_url], GatewayConfig(model_version=str(engine.model_version))
         )
-        app = create_app(ServerConfig(store=store), gateway=gateway)
+        app = create_app(ServerConfig(store=_Unclosable.wrap(store)), gateway=gateway)
         server_url = await stack.enter_async_context(
             serve_asgi(app, on_shutdown=app.state.fulgor.draining.begin)
         )
@@ -115,6 +121,24 @@ async def start_services(
         stack.push_async_callback(runners.stop)
         logger.info("engine at %s, store and gateway at %s", engine_url, server_url)
         yield Services(store, engine, gateway, server_url, engine_url, runners)
+
+
+class _Unclosable:
+    """``store`` as the store server gets it: the server closes the store it serves when it stops,
+    but a session's store is closed by the session when it opened it, else left to its owner."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @classmethod
+    def wrap(cls, store: Store) -> Store:
+        return cast(Store, cls(store))  # a Store by delegation, which a Protocol check cannot see
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def close(self) -> None:
+        """Leave the store open."""
 
 
 async def open_run_store(run_dir: Path) -> Store:

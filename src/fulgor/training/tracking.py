@@ -5,6 +5,8 @@ passed to ``Trainer(trackers=...)``. For one ``fit`` the trainer calls ``start(r
 then ``log(metrics, step)`` once per step with every number of that step's ``metrics.jsonl`` line
 (``step`` is the x axis; a metric the step did not have, such as validation accuracy between
 validations, is left out), then ``finish()``. Any object with these three methods is a tracker.
+A tracker whose ``log`` fails (W&B's network, a full disk) does not stop training: the first
+failure of each tracker is logged with its error, and every step is still offered to it.
 
 What it does not know: what the metrics mean or how they are computed (the trainer). Needs
 ``fulgor[tracking]``; a missing package is a ConfigError when the tracker is built.
@@ -173,12 +175,27 @@ def start_tracking(
     trackers: Sequence[Tracker], run_dir: Path, config: JsonDict
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
     """Start every tracker and give a function that sends one ``metrics.jsonl`` line to each;
-    finish each tracker started, however the block ends."""
+    finish each tracker started, however the block ends. A failing ``log`` is logged (once per
+    tracker) and skipped: ``metrics.jsonl`` already holds the step, and the run goes on."""
+    failed: set[int] = set()  # id() of the trackers whose failure was logged
 
     def track(metrics: Mapping[str, Any]) -> None:
         scalars = scalar_metrics(metrics)
+        step = int(metrics["step"])
         for tracker in trackers:
-            tracker.log(scalars, int(metrics["step"]))
+            try:
+                tracker.log(scalars, step)
+            except Exception as error:  # a tracker is another service's client: it must not end the run
+                if id(tracker) not in failed:
+                    failed.add(id(tracker))
+                    logger.warning(
+                        "%s could not log step %d (%r); training goes on, and later failures of this "
+                        "tracker are not logged (metrics.jsonl holds every step)",
+                        type(tracker).__name__,
+                        step,
+                        error,
+                        exc_info=error,
+                    )
 
     with contextlib.ExitStack() as stack:
         for tracker in trackers:

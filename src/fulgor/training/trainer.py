@@ -90,8 +90,10 @@ class Trainer:
     ``engine`` is the local engine's config (the model directory to start from, device, context
     length); the trainer loads the engine and a trainable copy of the same weights. ``run_dir``
     holds ``store.sqlite`` (unless ``store`` is given), ``checkpoints/step-N``, ``metrics.jsonl``
-    and ``logs/runners.log``; the trainer closes the store when ``fit`` or ``dev`` returns. With
-    ``resume``, a run directory that has checkpoints continues from the newest one. ``n_runners``
+    and ``logs/runners.log``; the trainer closes ``store.sqlite`` when ``fit``, ``dev`` or
+    ``evaluate`` returns, and leaves a ``store`` passed in open, for the caller to use and close.
+    With ``resume``, ``fit`` on a run directory that has checkpoints continues from the newest one
+    (without, it refuses to); ``dev`` and ``evaluate`` always use the newest weights. ``n_runners``
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
@@ -173,7 +175,7 @@ class Trainer:
     # -- the training loop --------------------------------------------------------------------------
 
     async def _fit(self, agent: Runnable, train: list[Any], val: list[Any]) -> list[dict[str, Any]]:
-        start_step, model_dir = self._starting_point()
+        start_step, model_dir = self._starting_point(training=True)
         log = MetricsLog(self.run_dir / "metrics.jsonl")
         if start_step >= self.algorithm.max_steps:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
@@ -225,7 +227,7 @@ class Trainer:
         return log.history
 
     async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:
-        start_step, model_dir = self._starting_point()
+        start_step, model_dir = self._starting_point(training=False)
         async with self.start_services(agent, model_dir, start_step) as services:
             resources = await self.put_resources(services)
             requests = [self._request(task, "test", resources.train) for task in dataset]
@@ -236,7 +238,7 @@ class Trainer:
         return report
 
     async def _evaluate(self, agent: Runnable, dataset: list[Any]) -> dict[str, float]:
-        start_step, model_dir = self._starting_point()
+        start_step, model_dir = self._starting_point(training=False)
         async with self.start_services(agent, model_dir, start_step) as services:
             resources = await self.put_resources(services)
             return await self.validate(services, dataset, resources)
@@ -251,7 +253,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
         logger.info("torch uses %d threads in the trainer", threads)
-        store = self.store or await open_run_store(self.run_dir)
+        store = self.store if self.store is not None else await open_run_store(self.run_dir)
         engine = replace(
             self.engine,
             model=model_dir,
@@ -260,7 +262,13 @@ class Trainer:
         )
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(
-            store, engine, agent, self.n_runners, self.runner_config, runner_log
+            store,
+            engine,
+            agent,
+            self.n_runners,
+            self.runner_config,
+            runner_log,
+            owns_store=self.store is None,
         ) as services:
             yield services
 
@@ -367,7 +375,6 @@ class Trainer:
         timer: PhaseTimer,
     ) -> None:
         """Append the step's metrics to ``metrics.jsonl`` and log a one-line summary."""
-        trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
         rewards = [o.reward for o in outcomes if o.reward is not None]
         collect_seconds = timer.seconds.get("collect_rollouts", 0.0)
         metrics: dict[str, Any] = {
@@ -376,7 +383,7 @@ class Trainer:
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "rollouts": len(outcomes),
             "rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
-            "groups_without_signal": groups_without_signal(trajectories),
+            "groups_without_signal": groups_without_signal(outcomes),
             "tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / max(len(outcomes), 1),
             "tokens_per_second": sum(o.sampled_tokens for o in outcomes) / max(collect_seconds, 1e-9),
         }
@@ -397,11 +404,18 @@ class Trainer:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _starting_point(self) -> tuple[int, Path]:
-        """The step to continue after and the weights to start from (the newest checkpoint, or the base)."""
+    def _starting_point(self, *, training: bool) -> tuple[int, Path]:
+        """The step to continue after and the weights to start from (the newest checkpoint, or the base).
+
+        Only ``training`` continues the run, so only then must ``resume`` allow it and the
+        checkpoint's kind match the algorithm's; the engine serves either kind.
+        """
         latest = latest_checkpoint(self.checkpoints_dir)
         if latest is None:
             return 0, self.engine.model
+        if not training:
+            logger.info("using the weights of %s (step %d)", latest[1], latest[0])
+            return latest
         if not self.resume:
             raise ConfigError(
                 f"{self.run_dir} already holds checkpoints up to step {latest[0]}; pick a new run_dir "

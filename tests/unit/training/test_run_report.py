@@ -73,3 +73,19 @@ def test_elapsed_seconds_continue_across_sessions(tmp_path: Path) -> None:
     log = MetricsLog(tmp_path / "metrics.jsonl")
     assert 100.0 <= log.elapsed_seconds() < 110.0
     assert MetricsLog(tmp_path / "new.jsonl").elapsed_seconds() < 10.0
+
+
+def test_an_edited_file_with_nan_or_null_numbers_still_renders(tmp_path: Path) -> None:
+    nan = float("nan")
+    history: list[dict[str, object]] = [
+        {"step": 1, "reward_mean": 0.5, "val_accuracy": nan, "drift/merge_breaks": None},
+        {"step": 2, "reward_mean": nan, "val_accuracy": 0.5, "drift/merge_breaks": 1},
+    ]
+    lines = text_curve(history, width=4).splitlines()
+    assert lines[1].split() == ["1", "0.500", "-", "-"]
+    assert lines[2].split() == ["2", "-", "0.500", "-", "##"]
+
+    write_lines(tmp_path, history)  # json.dumps writes NaN, as a hand-edited file may hold
+    text = write_run_report(tmp_path).read_text()
+    assert "merge_breaks=1" in text
+    assert "<th>validation accuracy, last</th><td>0.5</td>" in text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,8 @@ from fulgor.training.checkpoints import latest_checkpoint
 from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, requested_tools
 from fulgor.training.runners import agent_spec
-from fulgor.types import ModelCall, Rollout
+from fulgor.training.tracking import start_tracking
+from fulgor.types import JsonDict, ModelCall, Rollout
 
 
 @rollout
@@ -50,16 +53,31 @@ def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == (10, tmp_path / "step-10")
 
 
-def trajectory(group: str, reward: float) -> Trajectory:
-    return Trajectory(
-        rollout_id=f"{group}-{reward}", group_id=group, reward=reward, rows=[], model_versions=[]
+def trained(group: str, reward: float, index: int) -> RolloutOutcome:
+    rollout = Rollout(
+        rollout_id=f"{group}-{index}", input={}, group_id=group, status="succeeded", enqueue_time=0.0
     )
+    trajectory = Trajectory(
+        rollout_id=rollout.rollout_id, group_id=group, reward=reward, rows=[], model_versions=[]
+    )
+    return RolloutOutcome(rollout, reward, 1, trajectory)
 
 
-def test_groups_without_signal_are_those_with_one_reward() -> None:
-    batch = [trajectory("a", 0.0), trajectory("a", 1.0), trajectory("b", 1.0), trajectory("b", 1.0)]
-    batch.append(trajectory("c", 0.5))
+def failed(group: str, index: int) -> RolloutOutcome:
+    rollout = Rollout(
+        rollout_id=f"{group}-{index}", input={}, group_id=group, status="failed", enqueue_time=0.0
+    )
+    return RolloutOutcome(rollout, None, 0, None, error="ValueError: boom")
+
+
+def test_groups_without_signal_are_those_with_one_reward_or_fewer_than_two_trajectories() -> None:
+    batch = [trained("a", 0.0, 0), trained("a", 1.0, 1), trained("b", 1.0, 0), trained("b", 1.0, 1)]
+    batch.append(trained("c", 0.5, 0))
     assert groups_without_signal(batch) == 2
+    batch += [failed("d", 0), failed("d", 1)]  # every rollout failed: nothing to learn from it either
+    assert groups_without_signal(batch) == 3
+    batch += [trained("e", 1.0, 0), failed("e", 1)]  # one trajectory: no group to compare it with
+    assert groups_without_signal(batch) == 4
 
 
 def outcome(status: str, reward: float | None, drift: DriftReport | None = None) -> RolloutOutcome:
@@ -106,6 +124,97 @@ def test_metrics_log_appends_one_json_line_per_step(tmp_path: Path) -> None:
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert log.history[0]["seconds"]["update_policy"] >= 0
+
+
+def test_metrics_that_are_not_finite_are_written_as_null(tmp_path: Path) -> None:
+    nan, inf = float("nan"), float("inf")
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write(
+        {"step": 1, "loss": nan, "kl": inf, "grad_norm": -inf, "seconds": {"update": nan}, "reward_mean": 0.5}
+    )
+
+    def strict(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    [line] = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    written = json.loads(line, parse_constant=strict)
+    assert written == {
+        "step": 1, "loss": None, "kl": None, "grad_norm": None, "seconds": {"update": None},
+        "reward_mean": 0.5,
+    }  # fmt: skip
+    assert log.history == [written]
+
+
+class RecordingTracker:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.logged: list[tuple[int, dict[str, float]]] = []
+        self.finished = False
+
+    def start(self, run_dir: Path, config: JsonDict) -> None:
+        pass
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+def test_a_tracker_that_cannot_log_is_reported_once_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    offline = RecordingTracker(ConnectionError("api.wandb.ai unreachable"))
+    working = RecordingTracker()
+    with caplog.at_level(logging.WARNING), start_tracking([offline, working], tmp_path, {}) as track:
+        track({"step": 1, "reward_mean": 0.5})
+        track({"step": 2, "reward_mean": 0.75})
+
+    assert working.logged == [(1, {"reward_mean": 0.5}), (2, {"reward_mean": 0.75})]
+    assert [step for step, _ in offline.logged] == [1, 2]  # still offered every step
+    [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "RecordingTracker could not log step 1" in warning.getMessage()
+    assert "api.wandb.ai unreachable" in warning.getMessage()
+    assert offline.finished
+    assert working.finished
+
+
+def test_dev_and_evaluate_use_the_newest_checkpoint_without_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fulgor import GRPO, Trainer
+    from fulgor.engine.local import EngineConfig
+
+    class ServicesStarting(Exception):
+        pass
+
+    started: list[tuple[Path, int]] = []
+
+    def start_services(self: Trainer, agent: Any, model_dir: Path, model_version: int) -> None:
+        started.append((model_dir, model_version))
+        raise ServicesStarting
+
+    monkeypatch.setattr(Trainer, "start_services", start_services)
+    trainer = Trainer(
+        algorithm=GRPO(),
+        engine=EngineConfig(model=tmp_path / "model"),
+        run_dir=tmp_path / "run",
+        resume=False,
+    )
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+
+    with pytest.raises(ServicesStarting):
+        trainer.evaluate(module_level_agent, [{"q": 1}])
+    with pytest.raises(ServicesStarting):
+        trainer.dev(module_level_agent, [{"q": 1}])
+    assert started == [(checkpoint, 3), (checkpoint, 3)]
+    with pytest.raises(ConfigError, match="resume=True"):  # training on would still need resume
+        trainer.fit(module_level_agent, [{"q": 1}])
+    assert len(started) == 2
 
 
 def test_trainer_refuses_bad_settings_before_starting_anything(tmp_path: Path) -> None:

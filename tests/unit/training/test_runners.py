@@ -1,0 +1,69 @@
+"""The trainer's runner processes: their own session, and a stop that always ends them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from tests.process_support import descendants, gone_within
+
+from fulgor.runner.pool import PoolConfig
+from fulgor.runner.worker import RunnerConfig
+from fulgor.store import SqliteStore
+from fulgor.training.runners import ProcessRunners
+from fulgor.types import RolloutRequest
+
+AGENT = "tests.integration.agents.slow_agent:sleeper"
+
+
+def open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def pool_config() -> PoolConfig:
+    return PoolConfig(n_runners=1, runner=RunnerConfig(claim_wait_seconds=0.2, shutdown_grace_seconds=30))
+
+
+async def running(store: SqliteStore, rollout_id: str, seconds: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (await store.get_rollout(rollout_id)).status == "queuing":
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+async def test_the_pool_runs_in_its_own_session_and_a_cancelled_stop_still_ends_it(tmp_path: Path) -> None:
+    before = open_descriptors()
+    store = SqliteStore(tmp_path / "store.sqlite")
+    [sleeping] = await store.enqueue([RolloutRequest(input={"seconds": 60})])
+    store_url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    runners = ProcessRunners(AGENT, store_url, pool_config(), tmp_path / "logs" / "runners.log")
+    [pool] = list(descendants(os.getpid()))
+    # A Ctrl+C sent to the terminal's process group does not reach it: only the trainer stops it.
+    assert os.getsid(pool) == pool
+    assert os.getpgid(pool) != os.getpgrp()
+    assert await running(store, sleeping.rollout_id, 60), (tmp_path / "logs" / "runners.log").read_text()
+    started = descendants(os.getpid())
+
+    stopping = asyncio.create_task(runners.stop())
+    await asyncio.sleep(0.05)
+    stopping.cancel()  # a second Ctrl+C while the pool drains (its rollout has 30s of grace)
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+
+    assert all(gone_within(pid, 5) for pid in started), started
+    await store.close()
+    assert open_descriptors() == before  # the pipe to the pool is closed too
+
+
+def test_a_log_folder_that_cannot_be_made_leaks_no_descriptor(tmp_path: Path) -> None:
+    (tmp_path / "logs").write_text("a file where the log folder should be")
+    before = open_descriptors()
+    with pytest.raises(NotADirectoryError):
+        ProcessRunners(
+            AGENT, "sqlite:///unused.sqlite", pool_config(), tmp_path / "logs" / "x" / "runners.log"
+        )
+    assert open_descriptors() == before
