@@ -402,7 +402,10 @@ class ChangeSignal:
                 return
             self._waiters.append((loop, future))
         try:
-            await asyncio.wait_for(future, timeout=max(0.0, timeout_seconds))
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancellation that arrives together
+            # with the change, and the cancelled caller (a Ctrl+C) would go on waiting.
+            async with asyncio.timeout(max(0.0, timeout_seconds)):
+                await future
         except TimeoutError:
             pass
         finally:

@@ -53,18 +53,11 @@ class UnreachableStore(WatchedStore):
         raise ConnectionError("store unreachable")
 
 
-async def settle() -> None:
-    """Let the collection's store.wait see the store's last change before it is cancelled (Python
-    3.11's asyncio.wait_for drops a cancellation that arrives as its future completes)."""
-    await asyncio.sleep(0.01)
-
-
 async def test_a_cancelled_collection_cancels_every_rollout_it_enqueued() -> None:
     store = WatchedStore()
     collecting = asyncio.create_task(run_rollouts(store, requests(3), Runners()))
     await store.enqueued.wait()
     claimed = await store.claim("worker-1")  # one running, two queued
-    await settle()
 
     collecting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -84,7 +77,6 @@ async def test_a_rollout_that_ended_meanwhile_stays_as_it_ended_and_the_others_a
     # It ends while the collection still waits for the others: the store then refuses to cancel
     # a list that holds it.
     await store.update_attempt(done.rollout_id, done.attempt.attempt_id, status="succeeded")
-    await settle()
 
     collecting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -112,7 +104,6 @@ async def test_a_store_that_cannot_cancel_does_not_hide_why_the_collection_ended
     store = UnreachableStore()
     collecting = asyncio.create_task(run_rollouts(store, requests(1), Runners()))
     await store.enqueued.wait()
-    await settle()
 
     collecting.cancel()
     with pytest.raises(asyncio.CancelledError):
