@@ -214,6 +214,7 @@ class MemoryStore:
     # -- resources --------------------------------------------------------------------------------
 
     async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
+        self._check_open()
         rules.check_resources(resources, resources_id)
         version = 1 if self._latest_resources is None else self._latest_resources.version + 1
         stored = ResourcesVersion(
@@ -227,6 +228,7 @@ class MemoryStore:
         return stored
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+        self._check_open()
         if resources_id is None:
             return self._latest_resources
         rules.check_text(resources_id, "resources_id")
@@ -250,9 +252,11 @@ class MemoryStore:
         return worker
 
     async def list_workers(self) -> list[Worker]:
+        self._check_open()
         return list(self._workers.values())
 
     async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        self._check_open()
         rules.check_seconds(timeout_seconds, "timeout_seconds")
         rules.check_ids(rollout_ids, "rollout_ids")
         for rollout_id in rollout_ids:
@@ -405,7 +409,11 @@ class MemoryStore:
         return worker
 
     def _sweep(self) -> None:
-        """Apply the watchdog: end live attempts past their timeout or silence deadline."""
+        """Apply the watchdog: end live attempts past their timeout or silence deadline.
+
+        Operations call it before they read or write, so it also refuses them once the store is closed.
+        """
+        self._check_open()
         if not self._live:
             return
         now = self._clock()

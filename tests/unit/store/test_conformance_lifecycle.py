@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from storetools import START_TIME, FakeClock, counts, request, span
 
-from fulgor.errors import InvalidTransitionError
+from fulgor.errors import InvalidTransitionError, ValidationError
 from fulgor.store.base import Store
 from fulgor.types import AttemptedRollout
 
@@ -266,3 +266,38 @@ async def test_cancel_returns_rollouts_in_the_order_asked(store: Store) -> None:
 
     assert [r.rollout_id for r in cancelled] == ids
     assert [r.status for r in await store.query_rollouts()] == ["cancelled", "queuing", "cancelled"]
+
+
+async def test_a_closed_store_refuses_every_operation(store: Store, backend: str) -> None:
+    if backend == "http":
+        pytest.skip("closing a client closes its connections only; the server's store stays open")
+    claimed = await claim_new(store)
+    rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+    await store.close()
+    calls = {
+        "enqueue": lambda: store.enqueue([request()]),
+        "start_rollout": lambda: store.start_rollout(request(), "w1"),
+        "claim": lambda: store.claim("w1"),
+        "get_rollout": lambda: store.get_rollout(rollout_id),
+        "query_rollouts": lambda: store.query_rollouts(),
+        "cancel": lambda: store.cancel([rollout_id]),
+        "start_attempt": lambda: store.start_attempt(rollout_id, "w1"),
+        "update_attempt": lambda: store.update_attempt(rollout_id, attempt_id, status="succeeded"),
+        "list_attempts": lambda: store.list_attempts(rollout_id),
+        "add_spans": lambda: store.add_spans([span(rollout_id, attempt_id)]),
+        "query_spans": lambda: store.query_spans(rollout_id),
+        "put_resources": lambda: store.put_resources({}),
+        "get_resources": lambda: store.get_resources(),
+        "heartbeat": lambda: store.heartbeat("w1", {}),
+        "list_workers": lambda: store.list_workers(),
+        "wait": lambda: store.wait([rollout_id], 0),
+        "stats": lambda: store.stats(),
+    }
+    refused: dict[str, str] = {}
+    for name, call in calls.items():
+        try:
+            await call()
+        except ValidationError as error:
+            refused[name] = str(error)
+    assert sorted(refused) == sorted(calls)
+    assert all("closed" in message for message in refused.values()), refused
