@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from fulgor.errors import FulgorError
@@ -29,6 +30,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--n-runners", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--max-concurrency", type=int, default=1, help="rollouts at once per worker")
     parser.add_argument("--gateway-url", help="hand agents per-rollout LLM URLs under this gateway")
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        help="with --gateway-url: file holding the key agents send the gateway (else $FULGOR_TOKEN)",
+    )
     parser.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on the first Ctrl+C")
     parser.add_argument(
         "--heartbeat-seconds",
@@ -40,6 +46,7 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fulgor.cli.serve import resolve_token
     from fulgor.runner.pool import PoolConfig, RunnerPool
     from fulgor.runner.worker import RunnerConfig
 
@@ -47,6 +54,7 @@ def _run(args: argparse.Namespace) -> int:
         runner = RunnerConfig(
             max_concurrency=args.max_concurrency,
             gateway_url=args.gateway_url,
+            gateway_api_key=resolve_token(args.token_file) if args.token_file is not None else None,
             shutdown_grace_seconds=args.grace_seconds,
             heartbeat_seconds=args.heartbeat_seconds,
         )

@@ -26,3 +26,54 @@ def test_an_in_memory_store_is_refused_with_what_to_use_instead(option: str) -> 
     assert "memory://" in result.stderr
     assert "sqlite:///" in result.stderr
     assert "fulgor serve" in result.stderr
+
+
+def test_the_token_file_is_the_key_agents_send_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fulgor.cli.main import main
+    from fulgor.runner import pool
+
+    started: list[pool.PoolConfig] = []
+
+    class Pool:  # records what the command would start, instead of starting worker processes
+        def __init__(self, agent: str, store: str, config: pool.PoolConfig) -> None:
+            started.append(config)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(pool, "RunnerPool", Pool)
+    monkeypatch.delenv("FULGOR_TOKEN", raising=False)
+    token_file = tmp_path / "key"
+    token_file.write_text("run-key\n")
+    common = [
+        "runner",
+        "--agent",
+        "m:f",
+        "--store",
+        "http://127.0.0.1:1",
+        "--gateway-url",
+        "http://127.0.0.1:2",
+    ]
+    assert main([*common, "--token-file", str(token_file)]) == 0
+    assert started[-1].runner.gateway_api_key == "run-key"
+    assert main(common) == 0
+    assert started[-1].runner.gateway_api_key is None  # the worker reads $FULGOR_TOKEN per rollout
+
+
+def test_an_empty_token_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fulgor.cli.main import main
+
+    (tmp_path / "key").write_text("")
+    command = [
+        "runner",
+        "--agent",
+        "m:f",
+        "--store",
+        "http://127.0.0.1:1",
+        "--token-file",
+        str(tmp_path / "key"),
+    ]
+    assert main(command) == 2
+    assert "is empty" in capsys.readouterr().err
