@@ -104,8 +104,11 @@ def _post_reward(url: str, reward: Reward) -> None:
 
     body = json.dumps({"values": reward.values, "primary": reward.primary}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    # The endpoint is the runner's, on loopback: never through an http_proxy from the environment,
+    # which would see the rollout's reward URL and answer for the runner.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(request, timeout=_POST_TIMEOUT_SECONDS):
+        with opener.open(request, timeout=_POST_TIMEOUT_SECONDS):
             return
     except urllib.error.HTTPError as error:
         raise AgentError(
@@ -113,7 +116,7 @@ def _post_reward(url: str, reward: Reward) -> None:
         ) from None
     except OSError as error:  # URLError, refused connections and timeouts
         raise AgentError(
-            f"could not post the reward to {_REWARD_URL_ENV}={url}: {error}; is the runner that "
+            f"could not post the reward to {_REWARD_URL_ENV}: {error}; is the runner that "
             "started this program still running?"
         ) from None
 

@@ -236,6 +236,10 @@ async def test_outside_a_rollout_emit_reward_posts_to_the_reward_url(
     server = await serve_http(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     monkeypatch.setenv("FULGOR_REWARD_URL", f"http://127.0.0.1:{port}/reward/t")
+    # A proxy in the environment (nothing listens there) must not be used for the runner's endpoint.
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
     try:
         reward = await asyncio.to_thread(emit_reward, {"correct": 1.0, "format": 0.5}, primary="correct")
         assert reward.value == 1.0
@@ -245,8 +249,9 @@ async def test_outside_a_rollout_emit_reward_posts_to_the_reward_url(
         server.close()
         await server.wait_closed()
     assert json.loads(bodies[0]) == {"values": {"correct": 1.0, "format": 0.5}, "primary": "correct"}
-    with pytest.raises(AgentError, match="could not post the reward"):
+    with pytest.raises(AgentError, match="could not post the reward") as failed:
         await asyncio.to_thread(emit_reward, 1.0)  # nobody listens on the port any more
+    assert "/reward/t" not in str(failed.value)  # the URL holds the rollout's token
 
 
 async def test_rollout_functions_and_agents_get_arguments_by_name(
