@@ -18,10 +18,10 @@ from typing import Any
 from fulgor.cli._options import port_number
 from fulgor.cli.gateway import add_upstream_arguments, build_gateway, close_store
 from fulgor.errors import ConfigError, FulgorError
+from fulgor.store.client import TOKEN_ENV
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
 DEFAULT_PORT = 8474
-TOKEN_ENV = "FULGOR_TOKEN"
 
 
 def register(subparsers: Any) -> None:

@@ -26,13 +26,12 @@ from fulgor.agent.context import RolloutContext, SpanRecorder, use_context
 from fulgor.agent.emit import emit_exception
 from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError
 from fulgor.store.base import Store
+from fulgor.store.client import TOKEN_ENV
 from fulgor.types import LLM, AttemptedRollout, AttemptStatus, Resource
 
 __all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
 
 logger = logging.getLogger(__name__)
-
-_TOKEN_ENV = "FULGOR_TOKEN"  # the run's key, as fulgor serve and fulgor gateway read it
 
 
 def default_worker_id() -> str:
@@ -179,7 +178,8 @@ class Runner:
         gateway = self.config.gateway_url
         if gateway is not None:
             url = gateway_base_url(gateway, claimed.rollout_id, claimed.attempt.attempt_id)
-            key = self.config.gateway_api_key or os.environ.get(_TOKEN_ENV) or None
+            # The run's key as `fulgor serve` and `fulgor gateway` read it (stripped alike).
+            key = self.config.gateway_api_key or os.environ.get(TOKEN_ENV, "").strip() or None
             update = {"endpoint": url, "api_key": key}
             for name, resource in resources.items():
                 if isinstance(resource, LLM):

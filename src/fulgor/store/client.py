@@ -121,7 +121,7 @@ class StoreClient:
             read_timeout_seconds=timeout_seconds,
             max_idle_per_origin=32,
         )
-        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        token = token if token is not None else os.environ.get(TOKEN_ENV, "").strip() or None
         self._auth = f"Authorization: Bearer {token}\r\n" if token else ""
         self.timeout_seconds = timeout_seconds
         self.max_retries = max_retries

@@ -27,6 +27,7 @@ from fulgor.errors import ConfigError, FulgorError
 from fulgor.runner.pool import PoolConfig, load_agent
 from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
 from fulgor.store.base import Store
+from fulgor.store.client import TOKEN_ENV
 
 __all__ = ["InProcessRunners", "ProcessRunners", "RunnerGroup", "agent_spec", "start_runners"]
 
@@ -134,6 +135,8 @@ class ProcessRunners:
 
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
         env = {**os.environ, "PYTHONPATH": path}
+        if config.runner.gateway_api_key is not None:  # not on the command line: see command_line
+            env[TOKEN_ENV] = config.runner.gateway_api_key
         log_path.parent.mkdir(parents=True, exist_ok=True)  # before the pipe: a failure leaks no descriptor
         # Only this process holds the write end (os.pipe's descriptors are not inherited): the pool
         # sees end-of-file when the trainer is gone.
@@ -163,22 +166,31 @@ class ProcessRunners:
     async def stop(self) -> None:
         """Drain (SIGTERM), then stop now (a second SIGTERM), then kill: each after a bounded wait.
 
-        Cancelled while it waits (a second Ctrl+C), it kills the pool at once.
+        Cancelled while it waits (a second Ctrl+C), it tells the pool to stop now at once and kills
+        it if it has not within ``kill_after_seconds``, blocking meanwhile (a cancelled stop can
+        await nothing more).
         """
         drain_seconds = self._config.runner.shutdown_grace_seconds + 5.0
+        stop_now_seconds = self._config.kill_after_seconds + 5.0
+        signals = 0
         try:
-            for wait_seconds in (drain_seconds, self._config.kill_after_seconds + 5.0):
+            for wait_seconds in (drain_seconds, stop_now_seconds):
                 if self._process.poll() is not None:
                     break
                 self._process.send_signal(signal.SIGTERM)
+                signals += 1
                 # The runners report their last attempts to the store on this event loop: never block it.
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     await asyncio.to_thread(self._process.wait, wait_seconds)
         finally:
+            if self._process.poll() is None and signals < 2:
+                # Stop now: the runners end their agents' process groups, which are sessions of
+                # their own that killing the pool would not reach.
+                self._process.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(stop_now_seconds)
             if self._process.poll() is None:
                 logger.error("the runner pool did not stop; killing it")
-                # Killing the pool's whole session (its runner processes too) ends it at once, so
-                # this may block; a cancelled stop could not await anything more.
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()

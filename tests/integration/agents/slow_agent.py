@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any
 
-from fulgor import emit_message, rollout
+from fulgor import SubprocessAgent, emit_message, rollout
 
 
 @rollout
@@ -23,3 +24,13 @@ async def dies_first_time(task: dict[str, Any], rollout: Any) -> float:
     if rollout.attempt.sequence_id == 1:
         await asyncio.sleep(600)
     return 1.0
+
+
+# A zero-code agent: a program in a session of its own that sleeps task["seconds"].
+sleeping_program = SubprocessAgent(
+    [
+        sys.executable,
+        "-c",
+        "import json, os, time; time.sleep(json.loads(os.environ['FULGOR_TASK'])['seconds'])",
+    ]
+)

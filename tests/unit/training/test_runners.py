@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from fulgor.training.runners import ProcessRunners
 from fulgor.types import RolloutRequest
 
 AGENT = "tests.integration.agents.slow_agent:sleeper"
+PROGRAM = "tests.integration.agents.slow_agent:sleeping_program"
 
 
 def open_descriptors() -> set[str]:
@@ -35,17 +37,44 @@ async def running(store: SqliteStore, rollout_id: str, seconds: float) -> bool:
     return True
 
 
-async def test_the_pool_runs_in_its_own_session_and_a_cancelled_stop_still_ends_it(tmp_path: Path) -> None:
+def proc_file(pid: int, name: str) -> bytes:
+    return Path(f"/proc/{pid}/{name}").read_bytes()
+
+
+def program_running() -> bool:
+    """Whether a zero-code agent's program (``sleeping_program``) runs below this process."""
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            if b"time.sleep" in proc_file(pid, "cmdline"):
+                return True
+    return False
+
+
+async def program_started(seconds: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not program_running():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("agent", [AGENT, PROGRAM])
+async def test_the_pool_runs_in_its_own_session_and_a_cancelled_stop_still_ends_it(
+    tmp_path: Path, agent: str
+) -> None:
     before = open_descriptors()
     store = SqliteStore(tmp_path / "store.sqlite")
     [sleeping] = await store.enqueue([RolloutRequest(input={"seconds": 60})])
     store_url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    runners = ProcessRunners(AGENT, store_url, pool_config(), tmp_path / "logs" / "runners.log")
+    runners = ProcessRunners(agent, store_url, pool_config(), tmp_path / "logs" / "runners.log")
     [pool] = list(descendants(os.getpid()))
     # A Ctrl+C sent to the terminal's process group does not reach it: only the trainer stops it.
     assert os.getsid(pool) == pool
     assert os.getpgid(pool) != os.getpgrp()
     assert await running(store, sleeping.rollout_id, 60), (tmp_path / "logs" / "runners.log").read_text()
+    if agent == PROGRAM:  # in a session of its own: killing the pool's session would not end it
+        assert await program_started(60), (tmp_path / "logs" / "runners.log").read_text()
     started = descendants(os.getpid())
 
     stopping = asyncio.create_task(runners.stop())
@@ -67,3 +96,18 @@ def test_a_log_folder_that_cannot_be_made_leaks_no_descriptor(tmp_path: Path) ->
             AGENT, "sqlite:///unused.sqlite", pool_config(), tmp_path / "logs" / "x" / "runners.log"
         )
     assert open_descriptors() == before
+
+
+async def test_the_gateway_key_reaches_the_pool_in_its_environment_not_on_its_command_line(
+    tmp_path: Path,
+) -> None:
+    config = PoolConfig(
+        n_runners=1, runner=RunnerConfig(claim_wait_seconds=0.2, gateway_api_key="run-secret")
+    )
+    runners = ProcessRunners(AGENT, f"sqlite:///{tmp_path / 's.sqlite'}", config, tmp_path / "runners.log")
+    try:
+        [pool] = list(descendants(os.getpid()))
+        assert b"run-secret" not in proc_file(pool, "cmdline")  # ps shows it to everyone
+        assert b"FULGOR_TOKEN=run-secret\0" in proc_file(pool, "environ")
+    finally:
+        await runners.stop()
