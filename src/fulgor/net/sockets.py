@@ -19,9 +19,7 @@ __all__ = ["bind_socket", "is_loopback", "url_of"]
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one); PortInUseError when it is taken."""
     if not 0 <= port <= 65535:  # bind() raises OverflowError, not OSError, for these
-        raise ConfigError(
-            f"port {port} is out of range; pass --port between 0 and 65535 (0 picks a free one)"
-        )
+        raise ConfigError(f"port {port} is out of range: use 0 to 65535 (0 picks a free one)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets created as TCP, and without it
     # a response written in two parts (uvicorn writes the head, then the body) waits for the client's

@@ -19,6 +19,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import time
@@ -106,7 +107,8 @@ def check_store_url(store_url: str) -> None:
     except FulgorError:
         raise
     except Exception as error:  # the pool's boundary: whatever the backend raised, said plainly
-        raise ConfigError(f"cannot open the store {store_url!r}: {error}") from error
+        shown = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", store_url)  # never a password
+        raise ConfigError(f"cannot open the store {shown!r}: {error}") from error
     asyncio.run(store.close())  # the pool is driven from a main thread without an event loop
 
 

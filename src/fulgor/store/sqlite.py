@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from fulgor.errors import (
     ConfigError,
+    FulgorError,
     InvalidTransitionError,
     NotFoundError,
     StoreUnavailableError,
@@ -497,7 +498,8 @@ class SqliteStore:
             raise ValidationError("the store is closed; open a new one")
 
     def _open(self, synchronous: str, busy_timeout_seconds: float) -> None:
-        """Open ``self._conn`` in WAL mode and create the schema; ConfigError when the file is no store."""
+        """Open ``self._conn`` in WAL mode and create the schema; ConfigError when the file is no store,
+        StoreUnavailableError when another process keeps it locked past the busy timeout."""
         try:
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_seconds
@@ -518,10 +520,15 @@ class SqliteStore:
             self._conn.close()
             raise
 
-    def _open_error(self, error: sqlite3.Error) -> ConfigError:
+    def _open_error(self, error: sqlite3.Error) -> FulgorError:
+        if isinstance(error, sqlite3.OperationalError) and ("locked" in str(error) or "busy" in str(error)):
+            return StoreUnavailableError(
+                f"the store file {self.path} stayed locked by another process while opening ({error}); "
+                "try again, or raise busy_timeout_seconds"
+            )
         return ConfigError(
-            f"cannot open the store file {self.path} ({error}): pass --store sqlite:///PATH naming a fulgor "
-            "SQLite store, or a new file to create one, in a folder you can write to"
+            f"cannot open the store file {self.path} ({error}): name a fulgor SQLite store "
+            "(sqlite:///PATH), or a new file to create one, in a folder you can write to"
         )
 
     def _create_schema(self) -> None:

@@ -66,3 +66,10 @@ def test_ipv6_urls_are_bracketed() -> None:
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000])
+def test_a_port_out_of_range_is_a_config_error(port: int) -> None:
+    # bind() itself raises OverflowError, which callers catching OSError or ConfigError would miss.
+    with pytest.raises(ConfigError, match="0 to 65535"):
+        bind_socket("127.0.0.1", port)

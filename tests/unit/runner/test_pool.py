@@ -43,3 +43,10 @@ def test_agents_in_the_current_directory_are_found_without_it_on_the_path(
     monkeypatch.delitem(sys.modules, "fulgor_cwd_agent", raising=False)
     assert load_agent("fulgor_cwd_agent:solve").name == "solve"
     assert sys.path[-1] == str(tmp_path)
+
+
+def test_a_store_url_the_backend_cannot_parse_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError, match="Invalid IPv6") as refused:
+        RunnerPool(AGENT, "postgresql://user:s3cret@[::1/db")
+    assert "s3cret" not in str(refused.value)
+    assert "user:***@" in str(refused.value)

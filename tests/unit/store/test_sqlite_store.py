@@ -42,3 +42,23 @@ async def test_a_file_another_writer_keeps_locked_is_unavailable_and_changes_not
     finally:
         other.close()
         await store.close()
+
+
+def test_a_file_another_process_keeps_locked_while_opening_is_unavailable_not_a_bad_file(
+    tmp_path: Path,
+) -> None:
+    """Opening needs the file's lock too (switching to WAL): past the busy timeout that is a store
+    that is busy for now (StoreUnavailableError), not a file that is no store (ConfigError)."""
+    import sqlite3
+
+    from fulgor.errors import StoreUnavailableError
+
+    path = tmp_path / "store.sqlite"
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("CREATE TABLE t (x)")
+        other.execute("BEGIN EXCLUSIVE")  # another process in the middle of a long write
+        with pytest.raises(StoreUnavailableError, match="locked"):
+            SqliteStore(path, busy_timeout_seconds=0.1)
+    finally:
+        other.close()
