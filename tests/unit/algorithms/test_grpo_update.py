@@ -480,6 +480,10 @@ def test_with_mini_batches_only_those_with_signal_step(model: torch.nn.Module) -
     config = GRPOConfig(learning_rate=1e-2, mini_batches=2)
     metrics = PolicyUpdater(policy, config).step([*pair((1.0, 0.0), "g"), *pair((1.0, 1.0), "h")])
     assert metrics["optimizer_steps"] == 1.0
+    # The gradient norm is the step's that was taken, not diluted by the skipped one.
+    alone = PolicyUpdater(copy.deepcopy(model), GRPOConfig(learning_rate=1e-2)).step(pair((1.0, 0.0), "g"))
+    assert metrics["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-5)
+    assert alone["grad_norm"] > 0
 
 
 def test_with_the_kl_term_on_a_batch_without_signal_still_steps(model: torch.nn.Module) -> None:

@@ -353,8 +353,10 @@ class PolicyUpdater:
             for part, batch in zip(parts, batches, strict=True)
         ]
         metrics = {key: sum(step[key] for step in steps) / len(steps) for key in steps[0]}
+        taken = [step["grad_norm"] for step in steps if step["optimizer_steps"]]
         return {
             **metrics,
+            "grad_norm": sum(taken) / len(taken) if taken else 0.0,  # of the steps taken only
             "trained_tokens": sum(step["trained_tokens"] for step in steps),
             "optimizer_steps": sum(step["optimizer_steps"] for step in steps),
             "rollouts_without_signal": float(no_signal),
