@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +70,15 @@ def test_ray_actors_run_every_rollout_once(local_ray: None, tmp_path: Path) -> N
     assert all(len(attempts) == 1 for attempts in [[w] for w in workers])
 
 
+def call_until_gone(actor: Any, seconds: float) -> None:
+    """Call ``actor`` until it is gone (ray.kill is asynchronous: a call made right after it may
+    still be served); returns only if it is still there after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ray.get(actor.stop.remote(), timeout=30)
+        time.sleep(0.2)
+
+
 def test_stop_kills_every_actor_even_when_one_has_died(local_ray: None, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/store.sqlite"
     config = PoolConfig(n_runners=2, runner=RunnerConfig(claim_wait_seconds=0.2, heartbeat_seconds=0.2))
@@ -89,4 +100,4 @@ def test_stop_kills_every_actor_even_when_one_has_died(local_ray: None, tmp_path
     ray.kill(dead)
     pool.stop(timeout_seconds=10)
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(healthy.stop.remote(), timeout=30)
+        call_until_gone(healthy, seconds=30)

@@ -68,15 +68,19 @@ def test_close_ends_the_calls_still_waiting_with_a_clear_error() -> None:
     threads = [threading.Thread(target=blocked, args=(call,), daemon=True) for call in ("wait", "claim")]
     for thread in threads:
         thread.start()
-    time.sleep(0.2)
-    started = time.monotonic()
+    deadline = time.monotonic() + 30
+    while len(store._calls) < 2:  # both calls are waiting on the store's loop
+        assert time.monotonic() < deadline, "the calls never reached the store"
+        time.sleep(0.01)
     store.close()
     for thread in threads:
-        thread.join(2)
+        thread.join(10)  # far less than the 20 s they would otherwise wait
     assert not [thread for thread in threads if thread.is_alive()]
-    assert time.monotonic() - started < 2
     assert len(errors) == 2
-    assert all(isinstance(error, ValidationError) and "closed" in str(error) for error in errors), errors
+    assert all(
+        isinstance(error, ValidationError) and "closed while this call waited" in str(error)
+        for error in errors
+    ), errors
 
 
 def test_close_twice_is_harmless_and_later_calls_say_the_store_is_closed(

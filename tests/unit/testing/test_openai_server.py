@@ -112,7 +112,7 @@ def test_with_on_a_taken_port_raises_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(OSError, match="address already in use"), ScriptedOpenAIServer(port=port):
         pass
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 5  # raised at once, not after the 10 s start timeout
     taken.close()
     with ScriptedOpenAIServer(port=port) as server:
         assert server.port == port
