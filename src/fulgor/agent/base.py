@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, overload, runtime_checkable
 
@@ -72,7 +73,7 @@ async def _call(func: Callable[..., Any], arguments: dict[str, Any]) -> Any:
 def _reward_from(result: Any, name: str) -> float | None:
     if result is None:
         return None
-    if isinstance(result, bool) or not isinstance(result, int | float):
+    if isinstance(result, bool) or not isinstance(result, numbers.Real):
         raise AgentError(f"agent {name!r} returned {type(result).__name__}; return a float reward or None")
     return emit_reward(float(result)).value
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import numbers
 import os
 import time
 import traceback
@@ -146,7 +147,8 @@ def _to_reward(value: float | Mapping[str, float], primary: str | None) -> Rewar
 
 
 def _finite(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # numbers.Real: numpy's and other libraries' scalars (numpy.float32 is no float) are numbers too.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise AgentError(f"{what} must be a number, got {type(value).__name__}")
     number = float(value)
     if number != number or number in (float("inf"), float("-inf")):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -320,3 +321,20 @@ def test_agent_subclass_without_rollout_is_refused() -> None:
 
         class Empty(Agent):
             pass
+
+
+async def test_rewards_may_be_any_real_number_type(store: MemoryStore, claimed: AttemptedRollout) -> None:
+    """numpy.float32, a Fraction: reward checks return such numbers, and they are numbers."""
+    numpy = pytest.importorskip("numpy")
+
+    @rollout
+    def scored(task: Any) -> Any:
+        return numpy.float32(0.5)
+
+    async def body() -> None:
+        emit_reward({"exact": Fraction(1, 4), "format": numpy.float32(1.0)}, primary="exact")
+        await scored.run(claimed.input, RESOURCES, claimed)
+
+    spans = await run_in_context(store, claimed, body)
+    assert spans[0].attributes[semconv.ATTR_REWARD_VALUES] == {"exact": 0.25, "format": 1.0}
+    assert spans[1].attributes[semconv.ATTR_REWARD_VALUE] == 0.5
