@@ -128,6 +128,7 @@ class SubprocessAgent:
             env.update(
                 OPENAI_BASE_URL=llm.endpoint,
                 OPENAI_API_KEY=llm.api_key or "fulgor",
+                ANTHROPIC_API_KEY=llm.api_key or "fulgor",  # the gateway takes the same key as x-api-key
                 ANTHROPIC_BASE_URL=root,
                 FULGOR_BASE_URL=root,
                 FULGOR_MODEL=llm.model,

@@ -62,7 +62,7 @@ async def test_bash_script_with_curl_posts_its_reward(store: MemoryStore, tmp_pa
             curl -sf -o /dev/null -H 'Content-Type: application/json' \\
               -d "{\\"value\\": $value}" "$FULGOR_REWARD_URL"
             echo "base=$OPENAI_BASE_URL anthropic=$ANTHROPIC_BASE_URL" \\
-              "key=$OPENAI_API_KEY id=$FULGOR_ROLLOUT_ID"
+              "key=$OPENAI_API_KEY anthropic_key=$ANTHROPIC_API_KEY id=$FULGOR_ROLLOUT_ID"
             """
         )
     )
@@ -72,7 +72,8 @@ async def test_bash_script_with_curl_posts_its_reward(store: MemoryStore, tmp_pa
     assert await rewards(store, wrong) == [0.0]
     [message] = await store.query_spans(right, name=semconv.SPAN_MESSAGE)
     assert message.attributes[semconv.ATTR_MESSAGE_BODY].strip() == (
-        f"base=http://127.0.0.1:9/r/x/y/v1 anthropic=http://127.0.0.1:9/r/x/y key=k id={right}"
+        "base=http://127.0.0.1:9/r/x/y/v1 anthropic=http://127.0.0.1:9/r/x/y key=k anthropic_key=k "
+        f"id={right}"
     )
     assert (await store.get_rollout(right)).status == "succeeded"
 
