@@ -40,6 +40,8 @@ def _stop_on_sigterm() -> None:
 
 
 def _serve_local(args: argparse.Namespace) -> int:
+    if args.vllm_arg:
+        raise ConfigError("--vllm-arg only applies to --backend vllm; drop it, or add --backend vllm")
     from fulgor.engine.loading import require_torch
 
     torch = require_torch()  # its ImportError names the extra to install

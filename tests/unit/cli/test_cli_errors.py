@@ -91,6 +91,11 @@ BAD_INPUTS = {
         1,
         "--device, --threads only apply to --backend local",
     ),
+    "local engine with a vllm flag": (
+        ["engine", "--model", "{tmp}/dir", "--port", "0", "--vllm-arg=--enforce-eager"],
+        1,
+        "--vllm-arg only applies to --backend vllm",
+    ),
     "model init out is a file": pytest.param(
         ["model", "init", "--out", "{tmp}/notes.txt"], 1, "--out", marks=needs_torch
     ),
