@@ -56,10 +56,14 @@ class Policy:
         partial = checkpoints / f".step-{step}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        self.model.save_pretrained(partial)
-        self.tokenizer.save_pretrained(partial)
-        if training_state is not None:
-            torch.save({"step": step, **training_state}, partial / TRAINING_STATE_FILE)
+        try:
+            self.model.save_pretrained(partial)
+            self.tokenizer.save_pretrained(partial)
+            if training_state is not None:
+                torch.save({"step": step, **training_state}, partial / TRAINING_STATE_FILE)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # a model-sized leftover otherwise
+            raise
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         return final

@@ -110,3 +110,18 @@ def test_a_checkpoint_is_complete_or_absent_and_may_hold_no_state(tmp_path: Path
     assert (with_state / TRAINING_STATE_FILE).is_file()
     assert load_training_state(with_state) == {"step": 4, "note": "x"}
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_a_save_that_fails_leaves_no_step_and_no_partial_copy(tmp_path: Path, model_dir: Path) -> None:
+    policy = load_policy(model_dir, "cpu")
+    policy.save(tmp_path, 1)
+
+    class Full:  # a tokenizer whose save fails half way, as on a full disk
+        def save_pretrained(self, path: Path) -> None:
+            (Path(path) / "tokenizer.json").write_text("{")
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        Policy(policy.model, Full()).save(tmp_path, 2)
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step-1")  # the last good one still counts
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
