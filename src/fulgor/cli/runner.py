@@ -63,4 +63,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
     print(f"fulgor runner: {args.n_runners} worker(s) on {args.store}; Ctrl+C to stop", flush=True)
+    if args.gateway_url is None:
+        print(
+            "warning: no --gateway-url: agents call their LLM resource's endpoint directly, so their "
+            "model calls are not recorded for training; pass the gateway's URL (e.g. fulgor serve's, "
+            "started with --upstream) to record them",
+            file=sys.stderr,
+        )
     return pool.run()

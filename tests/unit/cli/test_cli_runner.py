@@ -29,7 +29,7 @@ def test_an_in_memory_store_is_refused_with_what_to_use_instead(option: str) -> 
 
 
 def test_the_token_file_is_the_key_agents_send_the_gateway(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from fulgor.cli.main import main
     from fulgor.runner import pool
@@ -60,6 +60,10 @@ def test_the_token_file_is_the_key_agents_send_the_gateway(
     assert started[-1].runner.gateway_api_key == "run-key"
     assert main(common) == 0
     assert started[-1].runner.gateway_api_key is None  # the worker reads $FULGOR_TOKEN per rollout
+    assert "--gateway-url" not in capsys.readouterr().err
+    # Without a gateway nothing the agents' models do is recorded: the runner says so.
+    assert main(common[: common.index("--gateway-url")]) == 0
+    assert "model calls are not recorded" in capsys.readouterr().err
 
 
 def test_an_empty_token_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
