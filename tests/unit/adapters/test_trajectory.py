@@ -125,6 +125,7 @@ def test_truncation_and_dropped_rows_are_reported() -> None:
     assert [row.token_ids for row in trajectory.rows] == [[1, 2, 3, 4]]
     assert report.truncated_rows == 2
     assert report.dropped_rows == 1
+    assert report.calls_trained == 1  # the dropped row's call is not trained
     assert report.id_mismatches == 0
 
 
@@ -204,11 +205,8 @@ def test_a_rollout_with_calls_but_no_reward_is_counted_as_such() -> None:
 
 
 def test_calls_trained_counts_only_calls_with_tokens_in_the_returned_rows() -> None:
-    # Row 1 ([1,2,3] -> [4,5,6]) keeps its first trained token; row 2 is dropped entirely.
-    spans = Spans().call([1, 2, 3], [4, 5, 6]).call([9, 9, 9, 9, 9], [7]).reward(1.0).spans
-    _, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
-    assert report.calls_trained == 1
-    # One merged row whose second call is cut away entirely by the truncation.
+    # A dropped row's call is not counted (see the truncation test); nor is a merged row's call
+    # that truncation cuts away entirely:
     spans = Spans().call([1, 2], [3]).call([1, 2, 3, 4], [5]).reward(1.0).spans
     trajectory, report = build_trajectory(ROLLOUT, spans, max_tokens=4)
     assert trajectory is not None

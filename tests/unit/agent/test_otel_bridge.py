@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Status, StatusCode, Tracer
 
 from fulgor.agent import RolloutContext, SpanRecorder, use_context
 from fulgor.agent.otel import install
@@ -49,22 +49,27 @@ async def test_otel_spans_inside_a_rollout_are_stored_with_parents() -> None:
     await store.close()
 
 
-async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> None:
-    """NaN and infinities are legal OpenTelemetry values but not JSON: they are stored as the strings
-    OTLP/JSON uses (as the OTLP endpoint stores them), not refused with the whole span."""
+async def a_rollout_with_a_tracer() -> tuple[MemoryStore, Tracer, SpanRecorder, RolloutContext]:
+    """A store with one claimed rollout, an installed tracer, and the rollout's recording context."""
     store = MemoryStore()
     provider = TracerProvider()
     install(provider)
-    tracer = provider.get_tracer("agent")
     await store.enqueue([RolloutRequest(input=1)])
     [claimed] = await store.claim("w")
     recorder = SpanRecorder(store)
     context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
+    return store, provider.get_tracer("agent"), recorder, context
+
+
+async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> None:
+    """NaN and infinities are legal OpenTelemetry values but not JSON: they are stored as the strings
+    OTLP/JSON uses (as the OTLP endpoint stores them), not refused with the whole span."""
+    store, tracer, recorder, context = await a_rollout_with_a_tracer()
     attributes = {"loss": float("nan"), "bounds": (float("-inf"), 1.5, float("inf"))}
     with use_context(context), tracer.start_as_current_span("agent.step", attributes=attributes):
         pass
     await recorder.flush()
-    [span] = await store.query_spans(claimed.rollout_id)
+    [span] = await store.query_spans(context.rollout_id)
     assert span.attributes == {"loss": "NaN", "bounds": ["-Infinity", 1.5, "Infinity"]}
     assert recorder.refused == 0
     await store.close()
@@ -73,20 +78,13 @@ async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> Non
 async def test_a_span_fulgor_cannot_store_never_raises_into_the_agent() -> None:
     """The SDK calls the bridge from span.end() unguarded: a name over the store's 512-character
     limit is cut to it, and a span that cannot be converted at all is dropped and counted."""
-    store = MemoryStore()
-    provider = TracerProvider()
-    install(provider)
-    tracer = provider.get_tracer("agent")
-    await store.enqueue([RolloutRequest(input=1)])
-    [claimed] = await store.claim("w")
-    recorder = SpanRecorder(store)
-    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
+    store, tracer, recorder, context = await a_rollout_with_a_tracer()
     with use_context(context):
         tracer.start_span("x" * 600).end()
         tracer.start_span("").end()  # an empty name is no valid span name
         tracer.start_span("after").end()
     await recorder.flush()
-    names = [span.name for span in await store.query_spans(claimed.rollout_id)]
+    names = [span.name for span in await store.query_spans(context.rollout_id)]
     assert names == ["x" * 512, "after"]
     assert recorder.refused == 1
     await store.close()
