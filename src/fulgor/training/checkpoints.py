@@ -2,10 +2,11 @@
 
 The engine serves one copy of the weights and the trainer updates another (all of it, or a LoRA
 adapter over it); after each step the trainer saves its copy (or just the adapter) as
-``checkpoints/step-N`` (written to a temporary directory and renamed, so a checkpoint that exists
-is complete) and the engine loads it. Next to the weights, ``training_state.pt`` holds what
-continuing exactly needs besides them (the updater's optimiser state and the step). A run
-restarted on the same run directory continues from the newest complete checkpoint.
+``checkpoints/step-N`` (written to a temporary directory, flushed to disk and renamed, so a
+checkpoint that exists is complete, after a crash or a power cut too) and the engine loads it.
+Next to the weights, ``training_state.pt`` holds what continuing exactly needs besides them (the
+updater's optimiser state and the step). A run restarted on the same run directory continues from
+the newest complete checkpoint.
 
 Needs ``fulgor[torch]``.
 """
@@ -61,12 +62,32 @@ class Policy:
             self.tokenizer.save_pretrained(partial)
             if training_state is not None:
                 torch.save({"step": step, **training_state}, partial / TRAINING_STATE_FILE)
+            # The files reach the disk before the rename makes them the newest checkpoint: a power
+            # cut must not leave a step-N whose files are empty.
+            _fsync_tree(partial)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)  # a model-sized leftover otherwise
             raise
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
+        _fsync(checkpoints)  # the rename itself
         return final
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file under ``directory``, then the directories themselves, to disk."""
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            _fsync(Path(root) / name)
+        _fsync(Path(root))
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def load_policy(path: Path, device: str, lora: LoraConfig | None = None) -> Policy:

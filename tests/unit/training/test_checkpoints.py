@@ -125,3 +125,28 @@ def test_a_save_that_fails_leaves_no_step_and_no_partial_copy(tmp_path: Path, mo
         Policy(policy.model, Full()).save(tmp_path, 2)
     assert latest_checkpoint(tmp_path) == (1, tmp_path / "step-1")  # the last good one still counts
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
+
+
+def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file (and the rename) is fsynced: after a power cut a step-N never has empty files."""
+    import os
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(descriptor: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    checkpoint = load_policy(model_dir, "cpu").save(tmp_path, 5, {"note": "x"})
+    partial = str(tmp_path / ".step-5.partial")
+    files = {str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file()}
+    assert TRAINING_STATE_FILE in files
+    assert "config.json" in files
+    synced_files = {path.removeprefix(partial + "/") for path in synced if path.startswith(partial + "/")}
+    assert synced_files == files
+    assert partial in synced  # the directory's entries
+    assert synced[-1] == str(tmp_path)  # the rename, after everything in it
