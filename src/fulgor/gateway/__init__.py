@@ -2,7 +2,9 @@
 
 An agent only swaps its base URL for ``http://HOST:PORT/r/{rollout_id}/{attempt_id}/v1``; each
 call is forwarded to an engine replica and recorded as a ``fulgor.model_call`` span with the
-engine's own token ids and logprobs. Needs the ``server`` extra.
+engine's own token ids and logprobs. Chat and text completions pass through; the OpenAI Responses
+API (``/v1/responses``, what the OpenAI Agents SDK uses by default) and the Anthropic Messages API
+(``/v1/messages``) are translated to chat completions and back. Needs the ``server`` extra.
 """
 
 from __future__ import annotations

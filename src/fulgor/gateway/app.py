@@ -1,15 +1,17 @@
 """Gateway: the ASGI app behind ``/r/{rollout_id}/{attempt_id}/v1`` that records every model call.
 
 Routes (all under one base URL per attempt, see DESIGN.md "Gateway URLs"):
-``POST .../v1/chat/completions``, ``POST .../v1/completions``, ``GET .../v1/models`` (OpenAI) and
-``POST .../v1/messages`` (Anthropic Messages, translated to chat completions). Admin:
-``GET /gateway/state``, ``POST /gateway/pause``, ``POST /gateway/resume``.
+``POST .../v1/chat/completions``, ``POST .../v1/completions``, ``GET .../v1/models`` (OpenAI),
+``POST .../v1/responses`` (OpenAI Responses) and ``POST .../v1/messages`` (Anthropic Messages); the
+last two are translated to chat completions, so the recorded request is always a chat or text
+completion with the engine's token ids. Admin: ``GET /gateway/state``, ``POST /gateway/pause``,
+``POST /gateway/resume``.
 
 The hot path parses the request once, forwards it with the token id request added, and passes the
-upstream's bytes back unchanged (OpenAI) or translated (Anthropic). The response is recorded after
-it is sent, by :class:`~fulgor.gateway.recorder.Recorder`, off the response path. The app is a plain
-ASGI callable, so ``fulgor serve`` can route ``/r/`` and ``/gateway/`` to it; it then calls
-:meth:`Gateway.start` and :meth:`Gateway.close` from its own lifespan.
+upstream's bytes back unchanged (OpenAI) or translated (Anthropic, Responses). The response is
+recorded after it is sent, by :class:`~fulgor.gateway.recorder.Recorder`, off the response path.
+The app is a plain ASGI callable, so ``fulgor serve`` can route ``/r/`` and ``/gateway/`` to it; it
+then calls :meth:`Gateway.start` and :meth:`Gateway.close` from its own lifespan.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from fulgor.gateway import anthropic
+from fulgor.gateway import anthropic, responses_api
 from fulgor.gateway.config import GatewayConfig, Upstream
 from fulgor.gateway.errors import (
     BadRequestError,
@@ -35,7 +37,7 @@ from fulgor.gateway.errors import (
     UnauthorizedError,
 )
 from fulgor.gateway.extract import Endpoint
-from fulgor.gateway.proxy import CallContext, forward_call
+from fulgor.gateway.proxy import Api, CallContext, forward_call
 from fulgor.gateway.recorder import CallRecord, Recorder
 from fulgor.gateway.rollouts import RolloutGuard
 from fulgor.gateway.upstreams import UpstreamPool
@@ -55,7 +57,11 @@ _ENDPOINTS: dict[str, Endpoint] = {
     "chat/completions": "chat",
     "completions": "completions",
     "messages": "chat",
+    "responses": "chat",
 }
+_APIS: dict[str, Api] = {"messages": "anthropic", "responses": "responses"}
+_TRANSLATIONS = {"messages": anthropic.request_to_chat, "responses": responses_api.request_to_chat}
+_SERVED = "chat/completions, completions, models, responses and messages"
 
 
 def create_gateway_app(
@@ -204,7 +210,7 @@ class Gateway:
                     f"no route {path}; model calls go to /r/ROLLOUT_ID/ATTEMPT_ID/v1/..."
                 )
         except GatewayError as error:
-            await _send_error(send, error, anthropic_api=path.endswith("/messages"))
+            await _send_error(send, error, _api_of(path))
 
     async def _rollout_route(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         parts = path.split("/", 5)
@@ -218,11 +224,13 @@ class Gateway:
             await self._models(send, rollout_id)
         elif method == "POST" and rest in _ENDPOINTS:
             await self._call(scope, receive, send, rollout_id, attempt_id, rest)
-        else:
+        elif rest.startswith("responses/"):
             raise RolloutNotFoundError(
-                f"no route {method} /v1/{rest}; the gateway serves chat/completions, completions, "
-                "models and messages"
+                f"no route {method} /v1/{rest}: the gateway stores no responses, so it cannot retrieve, "
+                "cancel or list one; it serves POST /v1/responses with the full input in each call"
             )
+        else:
+            raise RolloutNotFoundError(f"no route {method} /v1/{rest}; the gateway serves {_SERVED}")
 
     async def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
         if self._guard is not None:
@@ -264,15 +272,15 @@ class Gateway:
         try:
             await self._check_rollout(rollout_id, attempt_id)
             request = _parse_object(await _read_body(receive), required=True)
-            is_anthropic = route == "messages"
-            upstream_request = anthropic.request_to_chat(request) if is_anthropic else request
+            translate = _TRANSLATIONS.get(route)
+            upstream_request = translate(request) if translate else request
             record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
             _read_call_headers(scope, record)
             await self._reserve_unless_paused()
             # Read after the last pause check: a call let through after resume() gets the new version.
             record.model_version = self.model_version
             try:
-                context = CallContext(record, is_anthropic, request.get("model"), receive, send)
+                context = CallContext(record, _APIS.get(route, "openai"), request, receive, send)
                 await forward_call(self.upstreams, context)
             finally:
                 self.recorder.submit(record)
@@ -392,9 +400,18 @@ async def _send_json(send: Send, status: int, payload: JsonDict) -> None:
     await _send_bytes(send, status, orjson.dumps(payload), "application/json")
 
 
-async def _send_error(send: Send, error: GatewayError, *, anthropic_api: bool) -> None:
-    if anthropic_api:
+def _api_of(path: str) -> Api:
+    """The API whose error shape answers ``path``."""
+    if path.rstrip("/").endswith("/messages"):
+        return "anthropic"
+    return "responses" if "/v1/responses" in path else "openai"
+
+
+async def _send_error(send: Send, error: GatewayError, api: Api) -> None:
+    if api == "anthropic":
         payload = anthropic.error_body(error.status, error.message)
+    elif api == "responses":
+        payload = responses_api.error_body(error.status, error.message, error.code)
     else:
         payload = {"error": {"code": error.code, "message": error.message, "type": error.code}}
     extra = []

@@ -1,13 +1,13 @@
 """forward_call: one model call from the agent to the upstream and back, watched for disconnects.
 
 The request goes upstream with the token id request added (when the replica takes it) and, for a
-stream, a request for its usage; the answer goes back as the upstream's own bytes (OpenAI) or
-translated (Anthropic), whole or streamed event by event. What the upstream sent is kept on the
-:class:`~fulgor.gateway.recorder.CallRecord` for the recorder. An answer that breaks off upstream
-is recorded as an error: a whole one is answered with 502 (504 on a timeout), a stream that has
-started ends with an error event the agent's SDK raises on. While the call runs, a watcher waits
-for the agent to disconnect; if it does, the call is cancelled, which closes the upstream
-connection so the engine stops generating.
+stream, a request for its usage; the answer goes back as the upstream's own bytes (OpenAI chat and
+text completions) or translated (Anthropic Messages, OpenAI Responses), whole or streamed event by
+event. What the upstream sent is kept on the :class:`~fulgor.gateway.recorder.CallRecord` for the
+recorder. An answer that breaks off upstream is recorded as an error: a whole one is answered with
+502 (504 on a timeout), a stream that has started ends with an error event the agent's SDK raises
+on. While the call runs, a watcher waits for the agent to disconnect; if it does, the call is
+cancelled, which closes the upstream connection so the engine stops generating.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
-from fulgor.gateway import anthropic
+from fulgor.gateway import anthropic, responses_api
 from fulgor.gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
 from fulgor.gateway.extract import SseParser
 from fulgor.gateway.recorder import CallRecord
@@ -34,12 +34,18 @@ JsonDict = dict[str, Any]
 _SUFFIXES = {"chat": "/chat/completions", "completions": "/completions"}
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
+Api = Literal["openai", "anthropic", "responses"]
+
 
 @dataclass
 class CallContext:
+    """One call in flight. ``api`` is the API the agent speaks (``openai``: chat or text
+    completions, passed through; ``anthropic`` and ``responses``: translated from and back to chat
+    completions); ``request`` is the body the agent sent, before any translation."""
+
     record: CallRecord
-    is_anthropic: bool
-    model: Any
+    api: Api
+    request: JsonDict
     receive: Any
     send: Any
     finishing: bool = False
@@ -125,8 +131,12 @@ async def _whole(context: CallContext, response: HttpResponse) -> None:
         raise _broken_off(error) from None
     status = response.status
     content_type = response.headers.get("content-type", "application/json")
-    if context.is_anthropic:
-        status, body = _anthropic_body(status, body, context.model, _stop_sequences(context.record))
+    if context.api == "anthropic":
+        model = context.request.get("model")
+        status, body = _anthropic_body(status, body, model, _stop_sequences(context.record))
+        content_type = "application/json"
+    elif context.api == "responses":
+        status, body = _responses_body(status, body, context.request)
         content_type = "application/json"
     headers = [
         (b"content-type", content_type.encode("latin-1")),
@@ -147,14 +157,40 @@ def _broken_off(error: OSError) -> UpstreamError:
 def _anthropic_body(status: int, body: bytes, model: Any, stop_sequences: list[str]) -> tuple[int, bytes]:
     parsed = _json_or_none(body)
     if status != 200:
-        error = parsed.get("error") if isinstance(parsed, dict) else None
-        message = error.get("message") if isinstance(error, dict) else None
-        text = message if isinstance(message, str) else body[:2000].decode("utf-8", "replace")
-        return status, orjson.dumps(anthropic.error_body(status, f"upstream: {text}"))
+        message = _upstream_error(parsed, body)["message"]
+        return status, orjson.dumps(anthropic.error_body(status, f"upstream: {message}"))
     if not isinstance(parsed, dict):
         message = "upstream answered 200 with a body that is not a chat completion"
         return 502, orjson.dumps(anthropic.error_body(502, message))
     return 200, orjson.dumps(anthropic.message_from_chat(parsed, model, stop_sequences))
+
+
+def _responses_body(status: int, body: bytes, request: JsonDict) -> tuple[int, bytes]:
+    parsed = _json_or_none(body)
+    if status != 200:
+        error = _upstream_error(parsed, body)
+        code, param = error.get("code"), error.get("param")
+        answer = responses_api.error_body(
+            status,
+            f"upstream: {error['message']}",
+            code if isinstance(code, str) else None,
+            param if isinstance(param, str) else None,
+        )
+        return status, orjson.dumps(answer)
+    if not isinstance(parsed, dict):
+        message = "upstream answered 200 with a body that is not a chat completion"
+        return 502, orjson.dumps(responses_api.error_body(502, message, UpstreamError.code))
+    return 200, orjson.dumps(responses_api.response_from_chat(parsed, request))
+
+
+def _upstream_error(parsed: Any, body: bytes) -> JsonDict:
+    """The upstream's error object (OpenAI's shape) with a string ``message``: the body's own text
+    when it names none."""
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    error = dict(error) if isinstance(error, dict) else {}
+    message = error.get("message")
+    error["message"] = message if isinstance(message, str) else body[:2000].decode("utf-8", "replace")
+    return error
 
 
 def _json_or_none(body: bytes) -> Any:
@@ -178,11 +214,15 @@ async def _stream(context: CallContext, response: HttpResponse, strip_usage: boo
     chunks: list[bytes] = []
     record.stream_chunks = chunks
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-    relay: _Relay = (
-        _AnthropicRelay(context.model, _stop_sequences(record))
-        if context.is_anthropic
-        else _OpenAIRelay(strip_usage)
-    )
+    relay: _Relay
+    if context.api == "anthropic":
+        model = context.request.get("model")
+        stream = anthropic.AnthropicStream(model if isinstance(model, str) else None, _stop_sequences(record))
+        relay = _TranslatingRelay(stream)
+    elif context.api == "responses":
+        relay = _TranslatingRelay(responses_api.ResponsesStream(context.request))
+    else:
+        relay = _OpenAIRelay(strip_usage)
     try:
         async for chunk in response.chunks():
             chunks.append(chunk)
@@ -266,12 +306,25 @@ def _usage_only(event: bytes) -> bool:
     return False
 
 
-class _AnthropicRelay:
-    """Translates chat chunks into Messages events; an upstream error chunk ends the stream."""
+class _Translator(Protocol):
+    """A stream translator: :class:`~fulgor.gateway.anthropic.AnthropicStream` or
+    :class:`~fulgor.gateway.responses_api.ResponsesStream`."""
 
-    def __init__(self, model: Any, stop_sequences: list[str]) -> None:
+    error: str | None
+
+    def events(self, chunk: JsonDict) -> list[bytes]: ...
+
+    def finish(self) -> list[bytes]: ...
+
+    def fail(self, message: str) -> bytes: ...
+
+
+class _TranslatingRelay:
+    """Translates chat chunks into another API's stream events; an upstream error chunk ends the stream."""
+
+    def __init__(self, stream: _Translator) -> None:
         self._parser = SseParser()
-        self._stream = anthropic.AnthropicStream(model if isinstance(model, str) else None, stop_sequences)
+        self._stream = stream
 
     @property
     def error(self) -> str | None:
