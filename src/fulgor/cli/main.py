@@ -13,14 +13,27 @@ import sys
 from collections.abc import Sequence
 
 from fulgor import __version__
+from fulgor.cli import demo as demo_cli
+from fulgor.cli import doctor as doctor_cli
 from fulgor.cli import engine as engine_cli
 from fulgor.cli import gateway as gateway_cli
 from fulgor.cli import model as model_cli
 from fulgor.cli import runner as runner_cli
 from fulgor.cli import serve as serve_cli
 from fulgor.cli import store as store_cli
+from fulgor.cli import train as train_cli
 
-COMMAND_MODULES = (store_cli, engine_cli, model_cli, serve_cli, gateway_cli, runner_cli)
+COMMAND_MODULES = (
+    store_cli,
+    engine_cli,
+    model_cli,
+    serve_cli,
+    gateway_cli,
+    runner_cli,
+    train_cli,
+    demo_cli,
+    doctor_cli,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,359 @@
+"""``fulgor train``: train an existing agent with GRPO on a local model, from the command line.
+
+``fulgor train --agent module:object --train tasks.jsonl --model DIR`` runs :class:`fulgor.Trainer`
+with :class:`fulgor.GRPO`; ``--dev`` runs the agent once on each task without training (the quickest
+check of an agent, its rewards and its token ids) and ``--evaluate`` measures the ``--val`` tasks
+with the run's newest weights. Task files are JSON Lines, one task (any JSON value) per line.
+
+Every input (task files, model directory, agent, settings) is checked before any service starts;
+a bad one is one ``error:`` line and exit status 2. A missing extra or a run that fails is status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fulgor.cli._options import non_negative_float, positive_float, positive_int
+from fulgor.errors import ConfigError, FulgorError
+
+if TYPE_CHECKING:
+    from fulgor.agent.base import Runnable
+    from fulgor.training import Trainer
+
+__all__ = ["check_model_dir", "read_tasks", "register"]
+
+# Loggers that speak for every request; the trainer's own lines are the ones worth reading.
+_QUIET_LOGGERS = ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train an agent's model with GRPO on its own rollouts (or --dev / --evaluate it)",
+        description="Train the model behind an existing agent with GRPO: the agent runs unchanged, its "
+        "model calls go through fulgor's gateway to a local engine, and each step's rollouts update "
+        "the weights. Task files are JSON Lines: one task (any JSON value) per line.",
+    )
+    parser.add_argument(
+        "--agent", required=True, help="the agent as module:object (a @rollout function or an Agent)"
+    )
+    parser.add_argument("--train", type=Path, metavar="FILE", help="training tasks (JSON Lines)")
+    parser.add_argument("--val", type=Path, metavar="FILE", help="validation tasks (JSON Lines), greedy")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="local Hugging Face model directory to start from (fulgor downloads nothing)",
+    )
+    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="default: runs/train-<date>-<time>")
+    parser.add_argument(
+        "--limit", type=positive_int, metavar="N", help="only the first N tasks of each file (a quick --dev)"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dev",
+        action="store_true",
+        help="run the agent once on each --train task without training and print each rollout's "
+        "status, reward, model calls and token drift",
+    )
+    mode.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="measure the --val tasks (greedy) with the run's newest weights instead of training",
+    )
+    grpo = parser.add_argument_group("GRPO")
+    grpo.add_argument(
+        "--steps", type=positive_int, default=100, metavar="N", help="training steps (default 100)"
+    )
+    grpo.add_argument(
+        "--max-seconds",
+        type=positive_float,
+        metavar="SECONDS",
+        help="stop after the step that ends past this wall time",
+    )
+    grpo.add_argument(
+        "--group-size",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="rollouts per task, compared (default 8)",
+    )
+    grpo.add_argument(
+        "--batch-tasks", type=positive_int, default=8, metavar="N", help="tasks per step (default 8)"
+    )
+    grpo.add_argument("--learning-rate", type=positive_float, default=3e-5, metavar="LR", help="default 3e-5")
+    grpo.add_argument(
+        "--temperature",
+        type=non_negative_float,
+        default=1.0,
+        metavar="T",
+        help="sampling temperature (default 1.0)",
+    )
+    grpo.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=256,
+        metavar="N",
+        help="tokens per model call (default 256)",
+    )
+    grpo.add_argument(
+        "--val-every", type=positive_int, default=10, metavar="N", help="validate every N steps (default 10)"
+    )
+    grpo.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="task order and sampling seed (default 0)"
+    )
+    system = parser.add_argument_group("system")
+    system.add_argument(
+        "--n-runners", type=positive_int, default=2, metavar="N", help="runner processes (default 2)"
+    )
+    system.add_argument(
+        "--max-concurrency",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="rollouts at once per runner (default 8)",
+    )
+    system.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    system.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="refuse a --run-dir that already holds checkpoints instead of continuing it",
+    )
+    parser.set_defaults(handler=_run)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the command was asked to do, with every input read and checked."""
+
+    train: list[Any]
+    val: list[Any]
+    run_dir: Path
+
+
+def read_tasks(path: Path, option: str = "--train") -> list[Any]:
+    """The tasks of a JSON Lines file (blank lines skipped); a ConfigError names the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{option} {path} does not exist; pass a JSON Lines file of tasks") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{option} {path} is a directory; pass a JSON Lines file of tasks") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{option} {path} is not UTF-8 text; write one JSON value per line") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read {option} {path}: {error.strerror}") from None
+    tasks = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                f"{option} {path}, line {number}: not JSON ({error.msg} at column {error.colno}); "
+                "write one task per line as a JSON value"
+            ) from None
+    if not tasks:
+        raise ConfigError(f"{option} {path} holds no tasks; write one task per line as a JSON value")
+    return tasks
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        job = _check_inputs(args)
+    except FulgorError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 2
+    try:
+        _require_extras()
+        trainer = _trainer(args, job.run_dir)
+        agent = _load_agent(args.agent)
+    except ImportError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except FulgorError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 2
+    _quiet_request_logs(args.verbose)
+    try:
+        if args.dev:
+            return _dev(trainer, agent, job)
+        if args.evaluate:
+            return _evaluate(trainer, agent, job)
+        return _fit(trainer, agent, job, args.agent)
+    except (FulgorError, ImportError) as error:
+        print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: {job.run_dir} keeps every finished step; run the same command to continue",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _check_inputs(args: argparse.Namespace) -> _Job:
+    """Every file and setting, before anything starts: one ConfigError for the first bad one."""
+    if args.evaluate and args.val is None:
+        raise ConfigError("--evaluate measures the held-out tasks of --val FILE; pass --val")
+    if not args.evaluate and args.train is None:
+        what = "--dev runs the agent on" if args.dev else "training needs"
+        raise ConfigError(f"{what} the tasks of --train FILE; pass --train (JSON Lines, one task per line)")
+    if args.group_size < 2:
+        raise ConfigError("--group-size must be 2 or more: GRPO compares the rollouts of each task")
+    train = read_tasks(args.train, "--train") if args.train is not None else []
+    val = read_tasks(args.val, "--val") if args.val is not None else []
+    if args.limit is not None:
+        train, val = train[: args.limit], val[: args.limit]
+    check_model_dir(args.model)
+    run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file; pass a directory for the run")
+    if args.no_resume and not (args.dev or args.evaluate):
+        from fulgor.training.checkpoints import latest_checkpoint
+
+        latest = latest_checkpoint(run_dir / "checkpoints")
+        if latest is not None:
+            raise ConfigError(
+                f"--run-dir {run_dir} already holds checkpoints up to step {latest[0]}; pick a new "
+                "--run-dir, or drop --no-resume to continue that run"
+            )
+    return _Job(train=train, val=val, run_dir=run_dir)
+
+
+def check_model_dir(model: Path) -> None:
+    """A local Hugging Face model directory (``config.json``), or a ConfigError that says what to pass."""
+    if not model.is_dir():
+        raise ConfigError(
+            f"--model {model} is not a directory; pass a local Hugging Face model directory (fulgor "
+            "downloads nothing), or build a small one with `fulgor model init --out DIR`"
+        )
+    if not (model / "config.json").is_file():
+        raise ConfigError(
+            f"--model {model} has no config.json; pass the directory that holds the model's "
+            "config.json, tokenizer files and weights"
+        )
+
+
+def _require_extras() -> None:
+    """torch and transformers, and the server the run's services need, or an ImportError naming the extra."""
+    from fulgor.engine.loading import require_torch
+
+    require_torch()
+    for module in ("fulgor.gateway", "fulgor.store.server"):  # each names fulgor[server] when missing
+        importlib.import_module(module)
+
+
+def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
+    from fulgor import GRPO, Trainer
+    from fulgor.algorithms.grpo import GRPOConfig
+    from fulgor.engine.local import EngineConfig
+
+    algorithm = GRPO(
+        group_size=args.group_size,
+        batch_tasks=args.batch_tasks,
+        max_steps=args.steps,
+        max_seconds=args.max_seconds,
+        val_every=args.val_every,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        config=GRPOConfig(learning_rate=args.learning_rate),
+    )
+    return Trainer(
+        algorithm=algorithm,
+        engine=EngineConfig(model=args.model, device=args.device, seed=args.seed),
+        run_dir=run_dir,
+        n_runners=args.n_runners,
+        max_concurrency=args.max_concurrency,
+        resume=not args.no_resume,
+        progress=sys.stderr.isatty(),
+    )
+
+
+def _load_agent(spec: str) -> Runnable:
+    from fulgor.runner.pool import load_agent
+
+    return load_agent(spec)
+
+
+def _quiet_request_logs(verbose: bool) -> None:
+    if not verbose:
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _dev(trainer: Trainer, agent: Runnable, job: _Job) -> int:
+    report = trainer.dev(agent, job.train)
+    print(report)
+    _print_where(job.run_dir, ("store (rollouts, spans)", "runner log"))
+    failed = [r for r in report.rollouts if r.status != "succeeded"]
+    unrewarded = [r for r in report.rollouts if r.status == "succeeded" and r.reward is None]
+    if unrewarded:
+        print(
+            f"warning: {len(unrewarded)} rollout(s) succeeded without a reward: return one from the "
+            "agent or emit it with fulgor.emit_reward, else training has nothing to learn from",
+            file=sys.stderr,
+        )
+    if failed:
+        print(
+            f"error: {len(failed)} of {len(report.rollouts)} rollouts did not succeed; see the errors "
+            f"above and {job.run_dir / 'logs' / 'runners.log'}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _evaluate(trainer: Trainer, agent: Runnable, job: _Job) -> int:
+    metrics = trainer.evaluate(agent, job.val)
+    print(json.dumps({**metrics, "tasks": len(job.val)}))
+    _print_where(job.run_dir, ("store (rollouts, spans)", "runner log"))
+    return 0
+
+
+def _fit(trainer: Trainer, agent: Runnable, job: _Job, agent_spec: str) -> int:
+    from fulgor.training.run_report import read_metrics, text_curve, write_run_report
+
+    trainer.fit(agent, job.train, job.val)
+    history = read_metrics(job.run_dir)
+    print()
+    print(text_curve(history))
+    try:
+        write_run_report(job.run_dir, title=f"fulgor train {agent_spec}")
+    except ConfigError as error:  # matplotlib missing: the metrics are all there, the PNG is not
+        print(f"warning: no report.html: {error.message}", file=sys.stderr)
+    print()
+    _print_where(job.run_dir, tuple(_PATHS))
+    print(f"\n  continue: the same command with a larger --steps (the run resumes from {job.run_dir})")
+    return 0
+
+
+# What a run directory holds, as the trainer and the run report lay it out.
+_PATHS = {
+    "report": "report.html",
+    "curves": "curves.png",
+    "metrics per step": "metrics.jsonl",
+    "store (rollouts, spans)": "store.sqlite",
+    "checkpoints": "checkpoints",
+    "runner log": "logs/runners.log",
+}
+
+
+def _print_where(run_dir: Path, labels: Sequence[str]) -> None:
+    for label in labels:
+        path = run_dir / _PATHS[label]
+        if path.exists():
+            print(f"  {label:<24} {path}")
+    print(f"  look inside: fulgor store rollouts --store sqlite:///{run_dir / 'store.sqlite'}")

@@ -1,0 +1,294 @@
+"""``fulgor train`` and ``fulgor demo``: what they refuse before anything starts, and real runs of an
+agent module written into a folder of its own, on a tiny model built here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fulgor.cli.main import main
+from fulgor.training.run_report import read_metrics
+
+ROOT = Path(__file__).resolve().parents[3]
+# The installed script, as users run it: it imports the agent from the current directory.
+FULGOR = Path(sys.executable).with_name("fulgor")
+
+AGENT = '''
+from openai import AsyncOpenAI
+
+from fulgor import LLM, rollout
+
+
+@rollout
+async def solve(task, llm: LLM) -> float:
+    """One chat call; the reward is whether the reply holds the task's letter."""
+    if task.get("fail"):
+        raise RuntimeError("this task fails on purpose")
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=3)
+    try:
+        reply = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": task["prompt"]}],
+            **llm.sampling_parameters,
+        )
+    finally:
+        await client.close()
+    return 1.0 if task["letter"] in (reply.choices[0].message.content or "") else 0.0
+
+
+not_an_agent = 3
+'''
+TASKS = [
+    {"prompt": "Say a word.", "letter": "e"},
+    {"prompt": "Name a colour.", "letter": "a"},
+    {"prompt": "Count to three.", "letter": "o"},
+]
+
+
+def write_tasks(path: Path, tasks: list[object]) -> Path:
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return path
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's folder: an agent module, task files, a model directory (only its config.json: nothing
+    loads it before the inputs are refused). The command runs from it."""
+    module = f"agent_{tmp_path.name.replace('-', '_')}"  # a module name no other test imports
+    (tmp_path / f"{module}.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl", TASKS)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n\n{"prompt": oops}\n')
+    (tmp_path / "blank.jsonl").write_text("\n  \n")
+    (tmp_path / "latin1.jsonl").write_bytes(b'"caf\xe9"\n')
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "no-config").mkdir()
+    checkpoint = tmp_path / "old-run" / "checkpoints" / "step-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}")
+    (tmp_path / "module.txt").write_text(module)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the agent's folder is added to it
+    return tmp_path
+
+
+# (arguments after `fulgor train`, text the one error line must hold); {agent} is the folder's module.
+REFUSED = {
+    "train file missing": (["--train", "none.jsonl"], "--train none.jsonl does not exist"),
+    "train file a folder": (["--train", "model"], "--train model is a directory"),
+    "malformed line": (["--train", "bad.jsonl"], "--train bad.jsonl, line 3: not JSON"),
+    "no tasks": (["--train", "blank.jsonl"], "--train blank.jsonl holds no tasks"),
+    "not UTF-8": (["--train", "latin1.jsonl"], "is not UTF-8"),
+    "bad val file": (["--train", "tasks.jsonl", "--val", "bad.jsonl"], "--val bad.jsonl, line 3"),
+    "no train file": ([], "pass --train"),
+    "dev without train file": (
+        ["--dev", "--val", "tasks.jsonl"],
+        "--dev runs the agent on the tasks of --train",
+    ),
+    "evaluate without val file": (["--evaluate", "--train", "tasks.jsonl"], "pass --val"),
+    "model folder missing": (
+        ["--train", "tasks.jsonl", "--model", "nowhere"],
+        "--model nowhere is not a directory",
+    ),
+    "model without config.json": (
+        ["--train", "tasks.jsonl", "--model", "no-config"],
+        "--model no-config has no config.json",
+    ),
+    "group of one": (["--train", "tasks.jsonl", "--group-size", "1"], "--group-size must be 2 or more"),
+    "checkpoints and --no-resume": (
+        ["--train", "tasks.jsonl", "--run-dir", "old-run", "--no-resume"],
+        "old-run already holds checkpoints up to step 3",
+    ),
+    "agent spec without object": (["--train", "tasks.jsonl", "--agent", "{agent}"], "module:object"),
+    "agent module missing": (["--train", "tasks.jsonl", "--agent", "no_such_module:solve"], "cannot import"),
+    "agent object missing": (["--train", "tasks.jsonl", "--agent", "{agent}:nothing"], "has no attribute"),
+    "agent object not an agent": (
+        ["--train", "tasks.jsonl", "--agent", "{agent}:not_an_agent"],
+        "not an agent",
+    ),
+}
+
+
+@pytest.mark.parametrize(("args", "says"), list(REFUSED.values()), ids=list(REFUSED))
+def test_bad_input_is_one_clear_error_before_anything_starts(
+    folder: Path, capsys: pytest.CaptureFixture[str], args: list[str], says: str
+) -> None:
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--model", "model", "--run-dir", "run", *args]
+    status = main([arg.replace("{agent}", module) for arg in argv])
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    assert says in errors[0]
+    assert "Traceback" not in err
+    assert out == ""
+    assert not (folder / "run").exists()  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--steps", "0", "0 is too small; pass 1 or more"),
+        ("--batch-tasks", "two", "'two' is not a whole number"),
+        ("--learning-rate", "0", "'0' must be greater than 0"),
+        ("--max-seconds", "nan", "'nan' is not a finite number"),
+        ("--temperature", "-1", "'-1' must be 0 or more"),
+    ],
+)
+def test_bad_settings_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], option: str, value: str, says: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--agent", "m:f", "--train", "t.jsonl", "--model", "m", option, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {says}" in err
+
+
+def test_a_missing_torch_names_the_extra(folder: Path) -> None:
+    module = (folder / "module.txt").read_text()
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from fulgor.cli.main import main\nsys.exit(main(sys.argv[1:]))"
+    )
+    command = ["train", "--agent", f"{module}:solve", "--train", "tasks.jsonl", "--model", "model"]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *command], cwd=folder, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    [error] = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert "pip install 'fulgor[torch]'" in error
+    assert not list(folder.glob("runs"))
+
+
+# -- real runs on a tiny model ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("openai")
+    from fulgor.engine.models import init_model
+
+    return init_model(tmp_path_factory.mktemp("train-cli") / "tiny", "tiny", seed=0)
+
+
+def fulgor_train(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``fulgor train`` as a user runs it, from the agent's folder."""
+    command = [str(FULGOR)] if FULGOR.exists() else [sys.executable, "-m", "fulgor.cli.main"]
+    return subprocess.run([*command, "train", *args], cwd=folder, capture_output=True, text=True, timeout=240)
+
+
+def test_dev_runs_the_agent_once_per_task_and_reports_each_rollout(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl", [*TASKS, {"fail": True}, {"prompt": "left out", "letter": "x"}])
+    result = fulgor_train(
+        tmp_path,
+        *("--agent", "calls:solve", "--train", "tasks.jsonl", "--model", str(tiny_model)),
+        *("--run-dir", "run", "--dev", "--limit", "4", "--max-tokens", "8", "--device", "cpu"),
+        *("--n-runners", "1"),
+    )
+    assert "Traceback" not in result.stderr
+    # The failing task fails its rollout; the others run through engine, gateway and store.
+    assert result.returncode == 1, result.stderr
+    assert "4 rollouts, 3 succeeded" in result.stdout
+    assert result.stdout.count(" succeeded ") == 3
+    assert "this task fails on purpose" in result.stdout
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "1 of 4 rollouts did not succeed" in error
+    assert f"sqlite:///{Path('run') / 'store.sqlite'}" in result.stdout
+    assert (tmp_path / "run" / "store.sqlite").is_file()
+    assert not (tmp_path / "run" / "checkpoints").exists()  # no training
+
+
+def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl", TASKS)
+    write_tasks(tmp_path / "val.jsonl", TASKS[:2])
+    common = ("--agent", "calls:solve", "--model", str(tiny_model), "--run-dir", "run", "--device", "cpu")
+    sizes = ("--max-tokens", "8", "--n-runners", "1", "--max-concurrency", "4")
+    result = fulgor_train(
+        tmp_path,
+        *common,
+        *sizes,
+        *("--train", "tasks.jsonl", "--val", "val.jsonl", "--steps", "1", "--group-size", "2"),
+        *("--batch-tasks", "2", "--learning-rate", "1e-3"),
+    )
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    history = read_metrics(run)
+    assert [m["step"] for m in history] == [0, 1]
+    assert history[1]["rollouts"] == 4
+    assert history[1]["rollouts_failed"] == 0
+    assert (run / "checkpoints" / "step-1" / "config.json").is_file()
+    for label, path in [
+        ("report", "report.html"),
+        ("metrics per step", "metrics.jsonl"),
+        ("store (rollouts, spans)", "store.sqlite"),
+        ("checkpoints", "checkpoints"),
+    ]:
+        assert f"{label:<24} {Path('run') / path}" in result.stdout
+    assert "step  reward  val acc" in result.stdout  # the curve, as text
+
+    evaluated = fulgor_train(tmp_path, *common, *sizes, "--val", "val.jsonl", "--evaluate")
+    assert evaluated.returncode == 0, evaluated.stderr
+    metrics = json.loads(evaluated.stdout.splitlines()[0])
+    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "tasks"}
+    assert metrics["tasks"] == 2
+    assert "step-1" in evaluated.stderr  # with the weights the run trained
+    assert [m["step"] for m in read_metrics(run)] == [0, 1]  # evaluating trains nothing
+
+
+# -- fulgor demo -----------------------------------------------------------------------------------
+
+
+def test_demo_outside_a_checkout_says_where_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert "ships with fulgor's source checkout" in err
+    assert "run `make demo` or `fulgor demo` from the fulgor source directory" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_demo_in_a_checkout_runs_the_calc_demo_with_the_options(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("openai")
+    import examples.calc.train
+
+    ran: list[list[str]] = []
+
+    def record(argv: list[str]) -> int:  # what the command hands the demo, instead of five minutes of it
+        ran.append(argv)
+        return 0
+
+    monkeypatch.setattr(examples.calc.train, "main", record)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command puts the checkout first
+    monkeypatch.chdir(ROOT)
+    assert main(["demo", "--run-dir", str(tmp_path / "calc"), "--seed", "3", "--steps", "7"]) == 0
+    assert ran == [["--seed", "3", "--steps", "7", "--run-dir", str(tmp_path / "calc")]]
+
+
+@pytest.mark.slow
+def test_demo_runs_from_the_checkout(tmp_path: Path) -> None:
+    command = [str(FULGOR)] if FULGOR.exists() else [sys.executable, "-m", "fulgor.cli.main"]
+    result = subprocess.run(
+        [*command, "demo", "--run-dir", str(tmp_path / "calc"), "--steps", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "held-out test accuracy" in result.stdout
+    assert [m["step"] for m in read_metrics(tmp_path / "calc" / "grpo")] == [0, 1]
