@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -192,6 +193,53 @@ async def test_an_upstream_error_chunk_ends_the_stream_with_an_error_event() -> 
         [call] = await env.calls(rollout, 1)
         assert call.error is not None
         assert "generation failed" in call.error
+        assert call.response_token_ids is None
+
+
+@pytest.mark.parametrize("payload", [[1], {"choices": [1]}, {"choices": [{"message": 5}]}])
+async def test_a_whole_answer_that_is_not_a_chat_completion_is_a_502(payload: Any) -> None:
+    async def answer(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        await write_json(writer, payload)
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        client = anthropic.AsyncAnthropic(base_url=anthropic_base(base_url), api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.InternalServerError, match="not a chat completion") as raised:
+            await client.messages.create(
+                model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert raised.value.status_code == 502
+        [call] = await env.calls(rollout, 1)  # recorded, never trained on
+        assert call.response_token_ids is None
+        assert call.error is not None
+
+
+@pytest.mark.parametrize(
+    ("rest", "match"),
+    [
+        ([b"data: [DONE]\n\n"], "the upstream stream ended before the answer finished"),
+        ([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], "not a JSON object: \\[1, 2\\]"),
+        ([b'data: {"choices": [1]}\n\n', b"data: [DONE]\n\n"], "not a chat completion chunk"),
+    ],
+    ids=["no-finish-reason", "not-an-object", "not-a-chunk"],
+)
+async def test_a_stream_cut_short_or_malformed_upstream_ends_with_an_error_event(
+    rest: list[bytes], match: str
+) -> None:
+    async def answer(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        opening = chat_chunk({"delta": {"role": "assistant", "content": ""}}, prompt_token_ids=[1])
+        await write_stream(
+            writer, [opening, chat_chunk({"delta": {"content": "Hel"}, "token_ids": [72]}), *rest]
+        )
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        client = anthropic.AsyncAnthropic(base_url=anthropic_base(base_url), api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError, match=match):
+            await read_stream(client)
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert re.search(match, call.error)
         assert call.response_token_ids is None
 
 

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from gateway_support import JsonDict, RawUpstream, gateway_env, sse_event, write_stream
+from gateway_support import JsonDict, RawUpstream, gateway_env, sse_event, write_json, write_stream
 
 from fulgor.gateway import GatewayConfig, Upstream
 from fulgor.testing import ScriptedOpenAIServer
@@ -189,3 +189,42 @@ async def test_an_upstream_error_chunk_reaches_the_openai_agent_and_is_recorded(
         assert call.error is not None
         assert "generation failed" in call.error
         assert call.response == {}
+
+
+async def test_an_event_that_is_not_a_json_object_is_passed_on_and_recorded_as_an_error() -> None:
+    async def answer(request: JsonDict, writer: asyncio.StreamWriter) -> None:
+        await write_stream(
+            writer, [OPENING, chunk({"content": "x"}, [10]), b"data: [1, 2]\n\n", b"data: [DONE]\n\n"]
+        )
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        seen: list[Any] = []
+        # Chat completions pass through as the upstream sent them; the recorder keeps the call.
+        await read_openai_stream(openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0), seen)
+        assert seen[-1] == [1, 2]
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "not a JSON object: [1, 2]" in call.error
+        assert env.gateway.recorder.stats.dropped == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_an_answer_of_the_wrong_shape_is_passed_on_and_recorded_as_an_error(stream: bool) -> None:
+    async def answer(request: JsonDict, writer: asyncio.StreamWriter) -> None:
+        if stream:
+            await write_stream(writer, [OPENING, b'data: {"choices": [1]}\n\n', b"data: [DONE]\n\n"])
+        else:
+            await write_json(writer, {"choices": [1]})
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        async with httpx.AsyncClient() as http:
+            response = await http.post(f"{base_url}/chat/completions", json={**CHAT, "stream": stream})
+        assert response.status_code == 200  # passed on as the upstream sent it
+        assert '{"choices": [1]}' in response.text
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "not a chat completion" in call.error
+        assert call.response_token_ids is None
+        assert env.gateway.recorder.stats.dropped == 0

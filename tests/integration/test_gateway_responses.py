@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,7 +16,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_support import GatewayEnv, RawUpstream, assert_matches, gateway_env, sse_event, write_stream
+from gateway_support import (
+    GatewayEnv,
+    RawUpstream,
+    assert_matches,
+    gateway_env,
+    sse_event,
+    write_json,
+    write_stream,
+)
 
 from fulgor.gateway import GatewayConfig
 from fulgor.testing import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
@@ -138,7 +147,67 @@ async def test_a_length_limit_makes_the_response_incomplete(
     last = [event async for event in stream][-1]
     assert last.type == "response.incomplete"
     assert [request["max_tokens"] for request in upstream.requests] == [9, 9]
-    await env.calls(rollout, 2)
+    # A length stop is a whole sample: its ids are kept for training.
+    recorded = await env.calls(rollout, 2)
+    for record, sample in zip(recorded, upstream.samples, strict=True):
+        assert_matches(record, sample)
+
+
+async def test_a_tool_call_cut_by_the_length_limit_is_incomplete(
+    env: GatewayEnv, upstream: ScriptedOpenAIServer
+) -> None:
+    cut = ScriptedReply(
+        text="Let me add.", tool_calls=(ScriptedToolCall("add", {"a": 1, "b": 2}),), finish_reason="length"
+    )
+    upstream.script(cut, cut)
+    rollout, base_url = await env.rollout()
+    client = client_for(base_url)
+    whole = await client.responses.create(model="m", input="add", tools=TOOLS, max_output_tokens=30)
+    assert whole.status == "incomplete"
+    assert [(item.type, item.status) for item in whole.output] == [
+        ("message", "completed"),
+        ("function_call", "incomplete"),
+    ]
+    stream = await client.responses.create(
+        model="m", input="add", tools=TOOLS, max_output_tokens=30, stream=True
+    )
+    events = [event async for event in stream]
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [(item.type, item.status) for item in done] == [
+        ("message", "completed"),
+        ("function_call", "incomplete"),
+    ]
+    assert events[-1].type == "response.incomplete"
+    assert [item.status for item in events[-1].response.output] == ["completed", "incomplete"]
+    recorded = await env.calls(rollout, 2)
+    for record, sample in zip(recorded, upstream.samples, strict=True):
+        assert_matches(record, sample)
+
+
+async def test_an_agent_that_disconnects_mid_stream_cancels_the_upstream_call() -> None:
+    async with (
+        ScriptedOpenAIServer(
+            default_reply=ScriptedReply(text="x" * 200), token_delay_seconds=0.02
+        ) as upstream,
+        gateway_env([upstream.url]) as env,
+    ):
+        rollout, base_url = await env.rollout()
+        stream = await client_for(base_url).responses.create(model="m", input="hi", stream=True)
+        seen = 0
+        async for event in stream:
+            seen += event.type == "response.output_text.delta"
+            if seen == 5:
+                break
+        await stream.close()
+        for _ in range(200):
+            if upstream.disconnects:
+                break
+            await asyncio.sleep(0.01)
+        assert upstream.disconnects == 1
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "disconnected" in call.error
+        assert call.response_token_ids is None
 
 
 async def test_refusals_and_errors_reach_the_sdk_in_openais_shape(upstream: ScriptedOpenAIServer) -> None:
@@ -191,6 +260,56 @@ async def test_an_upstream_error_mid_stream_makes_the_sdk_raise() -> None:
         assert call.error is not None
         assert "generation failed" in call.error
         assert call.response_token_ids is None
+
+
+HEL = sse_event(
+    {
+        "id": "c",
+        "model": "m",
+        "prompt_token_ids": [1],
+        "choices": [{"index": 0, "delta": {"content": "Hel"}, "token_ids": [72]}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("rest", "match"),
+    [
+        ([b"data: [DONE]\n\n"], "the upstream stream ended before the answer finished"),
+        ([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], "not a JSON object: \\[1, 2\\]"),
+        ([b'data: {"choices": [1]}\n\n', b"data: [DONE]\n\n"], "not a chat completion chunk"),
+    ],
+    ids=["no-finish-reason", "not-an-object", "not-a-chunk"],
+)
+async def test_a_stream_cut_short_or_malformed_upstream_makes_the_sdk_raise(
+    rest: list[bytes], match: str
+) -> None:
+    async def answer(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        await write_stream(writer, [HEL, *rest])
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        with pytest.raises(openai.APIError, match=match):
+            await read_stream(client_for(base_url))
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert re.search(match, call.error)
+        assert call.response_token_ids is None
+
+
+@pytest.mark.parametrize("payload", [[1], {"choices": [1]}, {"choices": [{"message": 5}]}])
+async def test_a_whole_answer_that_is_not_a_chat_completion_is_a_502(payload: Any) -> None:
+    async def answer(request: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        await write_json(writer, payload)
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        with pytest.raises(openai.InternalServerError, match="not a chat completion") as raised:
+            await client_for(base_url).responses.create(model="m", input="hi")
+        assert raised.value.status_code == 502
+        [call] = await env.calls(rollout, 1)  # recorded, never trained on
+        assert call.response_token_ids is None
+        assert call.error is not None
 
 
 async def read_stream(client: openai.AsyncOpenAI) -> None:

@@ -7,9 +7,9 @@ wrong JSON types is refused with a 400, never a crash. Responses map back to con
 (``text``, ``tool_use``) with ``stop_reason`` (``stop_sequence`` when the engine names the matched
 stop string in the choice's ``stop_reason``, as vLLM does); streamed chat chunks become the Messages
 event sequence (``message_start``, ``content_block_*``, ``message_delta``, ``message_stop``), and an
-upstream error chunk becomes an ``error`` event that ends the stream. Errors take Anthropic's shape
-and error types (:func:`error_body`). Images and documents are refused with a clear error: the
-engines behind the gateway take text only.
+upstream error chunk, or a stream that ends without a finish reason, becomes an ``error`` event
+that ends the stream. Errors take Anthropic's shape and error types (:func:`error_body`). Images
+and documents are refused with a clear error: the engines behind the gateway take text only.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from fulgor.gateway._translate import UNFINISHED, JsonDict, objects, sse_event, upstream_error_message
 from fulgor.gateway.errors import BadRequestError
 
 __all__ = ["AnthropicStream", "error_body", "error_event", "message_from_chat", "request_to_chat"]
-
-JsonDict = dict[str, Any]
 
 _STOP_REASONS = {
     "stop": "end_turn",
@@ -52,7 +51,7 @@ def error_body(status: int, message: str) -> JsonDict:
 
 def error_event(message: str) -> bytes:
     """The stream event that makes the Anthropic SDK raise (sent after a stream has started)."""
-    return _event("error", {"error": {"type": "api_error", "message": message}})
+    return sse_event("error", {"error": {"type": "api_error", "message": message}})
 
 
 def request_to_chat(body: JsonDict) -> JsonDict:
@@ -64,7 +63,7 @@ def request_to_chat(body: JsonDict) -> JsonDict:
     system = body.get("system")
     if system:
         messages.append({"role": "system", "content": _text_of(system, "system")})
-    for message in _objects(body["messages"], "messages"):
+    for message in objects(body["messages"], "messages"):
         messages.extend(_messages_of(message))
     chat: JsonDict = {"model": body.get("model"), "messages": messages}
     if body.get("max_tokens") is not None:
@@ -73,19 +72,13 @@ def request_to_chat(body: JsonDict) -> JsonDict:
     if body.get("stop_sequences"):
         chat["stop"] = _stop_sequences(body["stop_sequences"])
     if body.get("tools"):
-        chat["tools"] = [_tool(tool) for tool in _objects(body["tools"], "tools")]
+        chat["tools"] = [_tool(tool) for tool in objects(body["tools"], "tools")]
     if body.get("tool_choice"):
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("stream"):
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
-
-
-def _objects(value: Any, what: str) -> list[JsonDict]:
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise BadRequestError(f"{what} must be a list of JSON objects")
-    return value
 
 
 def _stop_sequences(value: Any) -> list[str]:
@@ -96,7 +89,7 @@ def _stop_sequences(value: Any) -> list[str]:
 
 def _blocks(content: Any, what: str) -> list[JsonDict]:
     """Content given as a list of blocks (None counts as no blocks)."""
-    return [] if content is None else _objects(content, f"{what} (when not a string)")
+    return [] if content is None else objects(content, f"{what} (when not a string)")
 
 
 def _text_of(content: Any, what: str) -> str:
@@ -232,7 +225,7 @@ class AnthropicStream:
         self._started = False
         self._open: tuple[str, int] | None = None  # ("text" | "tool", chat tool index)
         self._index = -1
-        self._stop: tuple[str, str | None] = ("end_turn", None)
+        self._stop: tuple[str, str | None] | None = None  # (stop_reason, stop_sequence) once finished
         self._usage: JsonDict = {}
         self._input_tokens = 0
 
@@ -243,7 +236,7 @@ class AnthropicStream:
         if self.error is not None:
             return []
         if chunk.get("error") and not chunk.get("choices"):
-            return [self.fail(_error_message(chunk["error"]))]
+            return [self.fail(upstream_error_message(chunk["error"]))]
         events = [] if self._started else [self._start(chunk)]
         if chunk.get("usage"):
             self._usage = chunk["usage"]
@@ -261,15 +254,18 @@ class AnthropicStream:
         return error_event(message)
 
     def finish(self) -> list[bytes]:
-        """The closing events; call once after the last chunk (none after an error)."""
+        """The closing events; call once after the last chunk (none after an error). A stream
+        that ended without a finish reason was cut short: it ends with an ``error`` event."""
         if self.error is not None:
             return []
+        if self._stop is None:
+            return [self.fail(UNFINISHED)]
         events = [] if self._started else [self._start({})]
         events.extend(self._close_block())
         output_tokens = self._usage.get("completion_tokens", 0)
         delta = {"stop_reason": self._stop[0], "stop_sequence": self._stop[1]}
-        events.append(_event("message_delta", {"delta": delta, "usage": {"output_tokens": output_tokens}}))
-        events.append(_event("message_stop", {}))
+        events.append(sse_event("message_delta", {"delta": delta, "usage": {"output_tokens": output_tokens}}))
+        events.append(sse_event("message_stop", {}))
         return events
 
     def _start(self, chunk: JsonDict) -> bytes:
@@ -285,7 +281,7 @@ class AnthropicStream:
             "stop_sequence": None,
             "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
         }
-        return _event("message_start", {"message": message})
+        return sse_event("message_start", {"message": message})
 
     def _delta(self, delta: JsonDict) -> list[bytes]:
         events: list[bytes] = []
@@ -309,24 +305,14 @@ class AnthropicStream:
         events = self._close_block()
         self._index += 1
         self._open = key
-        events.append(_event("content_block_start", {"index": self._index, "content_block": block}))
+        events.append(sse_event("content_block_start", {"index": self._index, "content_block": block}))
         return events
 
     def _close_block(self) -> list[bytes]:
         if self._open is None:
             return []
         self._open = None
-        return [_event("content_block_stop", {"index": self._index})]
+        return [sse_event("content_block_stop", {"index": self._index})]
 
     def _block_delta(self, delta: JsonDict) -> bytes:
-        return _event("content_block_delta", {"index": self._index, "delta": delta})
-
-
-def _error_message(error: Any) -> str:
-    message = error.get("message") if isinstance(error, dict) else None
-    return f"upstream: {message or error}"
-
-
-def _event(kind: str, payload: JsonDict) -> bytes:
-    data = json.dumps({"type": kind, **payload})
-    return f"event: {kind}\ndata: {data}\n\n".encode()
+        return sse_event("content_block_delta", {"index": self._index, "delta": delta})

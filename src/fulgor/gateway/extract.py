@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import orjson
 
-__all__ = ["ChoiceRecord", "Endpoint", "SseParser", "StreamAccumulator", "choices_from_body"]
+__all__ = ["BadEventError", "ChoiceRecord", "Endpoint", "SseParser", "StreamAccumulator", "choices_from_body"]
 
 JsonDict = dict[str, Any]
 Endpoint = Literal["chat", "completions"]
@@ -76,6 +76,10 @@ def _version(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+class BadEventError(ValueError):
+    """An upstream stream event whose data is not a JSON object; the message says so."""
+
+
 class SseParser:
     """Splits a server-sent event byte stream into the JSON payloads of its ``data:`` lines."""
 
@@ -83,7 +87,8 @@ class SseParser:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[JsonDict]:
-        """The complete events in ``chunk`` (and what was buffered); ``[DONE]`` is skipped."""
+        """The complete events in ``chunk`` (and what was buffered); ``[DONE]`` is skipped.
+        BadEventError when an event's data is not a JSON object (invalid JSON, a list, a number)."""
         buffer = self._buffer + chunk
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
@@ -94,8 +99,19 @@ class SseParser:
                 if line.startswith(b"data:"):
                     data = line[5:].strip()
                     if data and data != b"[DONE]":
-                        payloads.append(orjson.loads(data))
+                        payloads.append(_object(data))
         return payloads
+
+
+def _object(data: bytes) -> JsonDict:
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        raise BadEventError(f"the upstream sent an event that is not JSON ({error})") from None
+    if not isinstance(payload, dict):
+        shown = data[:200].decode("utf-8", "replace")
+        raise BadEventError(f"the upstream sent an event that is not a JSON object: {shown}")
+    return payload
 
 
 @dataclass

@@ -22,7 +22,7 @@ import orjson
 
 from fulgor.gateway import anthropic, responses_api
 from fulgor.gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
-from fulgor.gateway.extract import SseParser
+from fulgor.gateway.extract import BadEventError, SseParser
 from fulgor.gateway.recorder import CallRecord
 from fulgor.gateway.upstreams import UpstreamPool, with_token_id_request
 from fulgor.net.http_client import HttpResponse, TransportError
@@ -35,6 +35,11 @@ _SUFFIXES = {"chat": "/chat/completions", "completions": "/completions"}
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 Api = Literal["openai", "anthropic", "responses"]
+
+# What a translator raises on an upstream answer of the wrong shape (a list where a chat completion
+# has an object, a number where it has text): the upstream's fault, answered 502 or an error event.
+_SHAPE_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError)
+_NOT_A_COMPLETION = "upstream answered 200 with a body that is not a chat completion"
 
 
 @dataclass
@@ -133,10 +138,10 @@ async def _whole(context: CallContext, response: HttpResponse) -> None:
     content_type = response.headers.get("content-type", "application/json")
     if context.api == "anthropic":
         model = context.request.get("model")
-        status, body = _anthropic_body(status, body, model, _stop_sequences(context.record))
+        status, body = _anthropic_body(context.record, status, model, _stop_sequences(context.record))
         content_type = "application/json"
     elif context.api == "responses":
-        status, body = _responses_body(status, body, context.request)
+        status, body = _responses_body(context.record, status, context.request)
         content_type = "application/json"
     headers = [
         (b"content-type", content_type.encode("latin-1")),
@@ -154,18 +159,25 @@ def _broken_off(error: OSError) -> UpstreamError:
     return UpstreamError(f"{message}; check the engine's log")
 
 
-def _anthropic_body(status: int, body: bytes, model: Any, stop_sequences: list[str]) -> tuple[int, bytes]:
+def _anthropic_body(
+    record: CallRecord, status: int, model: Any, stop_sequences: list[str]
+) -> tuple[int, bytes]:
+    body = record.body or b""
     parsed = _json_or_none(body)
     if status != 200:
         message = _upstream_error(parsed, body)["message"]
         return status, orjson.dumps(anthropic.error_body(status, f"upstream: {message}"))
-    if not isinstance(parsed, dict):
-        message = "upstream answered 200 with a body that is not a chat completion"
-        return 502, orjson.dumps(anthropic.error_body(502, message))
-    return 200, orjson.dumps(anthropic.message_from_chat(parsed, model, stop_sequences))
+    try:
+        if isinstance(parsed, dict):
+            return 200, orjson.dumps(anthropic.message_from_chat(parsed, model, stop_sequences))
+    except _SHAPE_ERRORS:
+        pass
+    record.error = _NOT_A_COMPLETION  # the agent gets a 502: the call failed
+    return 502, orjson.dumps(anthropic.error_body(502, _NOT_A_COMPLETION))
 
 
-def _responses_body(status: int, body: bytes, request: JsonDict) -> tuple[int, bytes]:
+def _responses_body(record: CallRecord, status: int, request: JsonDict) -> tuple[int, bytes]:
+    body = record.body or b""
     parsed = _json_or_none(body)
     if status != 200:
         error = _upstream_error(parsed, body)
@@ -177,10 +189,13 @@ def _responses_body(status: int, body: bytes, request: JsonDict) -> tuple[int, b
             param if isinstance(param, str) else None,
         )
         return status, orjson.dumps(answer)
-    if not isinstance(parsed, dict):
-        message = "upstream answered 200 with a body that is not a chat completion"
-        return 502, orjson.dumps(responses_api.error_body(502, message, UpstreamError.code))
-    return 200, orjson.dumps(responses_api.response_from_chat(parsed, request))
+    try:
+        if isinstance(parsed, dict):
+            return 200, orjson.dumps(responses_api.response_from_chat(parsed, request))
+    except _SHAPE_ERRORS:
+        pass
+    record.error = _NOT_A_COMPLETION  # the agent gets a 502: the call failed
+    return 502, orjson.dumps(responses_api.error_body(502, _NOT_A_COMPLETION, UpstreamError.code))
 
 
 def _upstream_error(parsed: Any, body: bytes) -> JsonDict:
@@ -333,9 +348,20 @@ class _TranslatingRelay:
     def feed(self, chunk: bytes) -> bytes:
         try:
             payloads = self._parser.feed(chunk)
-        except orjson.JSONDecodeError as error:
-            return self.fail(f"the upstream sent an event that is not JSON ({error})")
-        return b"".join(event for payload in payloads for event in self._stream.events(payload))
+        except BadEventError as error:
+            return self.fail(str(error))
+        events: list[bytes] = []
+        for payload in payloads:
+            try:
+                events.extend(self._stream.events(payload))
+            except _SHAPE_ERRORS:
+                events.append(
+                    self.fail(
+                        f"the upstream sent a chunk that is not a chat completion chunk: {payload!r:.300}"
+                    )
+                )
+                break
+        return b"".join(events)
 
     def finish(self) -> bytes:
         return b"".join(self._stream.finish())

@@ -28,7 +28,14 @@ import orjson
 
 from fulgor import semconv
 from fulgor.errors import FulgorError
-from fulgor.gateway.extract import ChoiceRecord, Endpoint, SseParser, StreamAccumulator, choices_from_body
+from fulgor.gateway.extract import (
+    BadEventError,
+    ChoiceRecord,
+    Endpoint,
+    SseParser,
+    StreamAccumulator,
+    choices_from_body,
+)
 from fulgor.store.base import Store
 from fulgor.types import ModelCall, Span, SpanStatus
 
@@ -338,14 +345,31 @@ class _Parsed:
 
 
 def _parse(record: CallRecord) -> _Parsed:
+    try:
+        return _parse_answer(record)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as error:
+        # A list where a chat completion has an object, a number where it has text: the call is
+        # recorded as failed rather than dropped (and never trained on).
+        return _Parsed(
+            error=f"the upstream's answer is not a chat completion ({type(error).__name__}: {error})",
+            streamed=record.stream_chunks is not None,
+        )
+
+
+def _parse_answer(record: CallRecord) -> _Parsed:
     if record.status != 200:
         return _Parsed()
     if record.stream_chunks is not None:
         parser = SseParser()
         accumulator = StreamAccumulator(record.endpoint)
-        for chunk in record.stream_chunks:
-            for event in parser.feed(chunk):
-                accumulator.add(event)
+        try:
+            for chunk in record.stream_chunks:
+                for event in parser.feed(chunk):
+                    accumulator.add(event)
+        except BadEventError as bad:
+            # A pass-through stream (a translating relay has already ended its stream and set
+            # record.error): the agent got the event as it came; the call is an error, not dropped.
+            return _Parsed(error=str(bad), streamed=True)
         error = None if accumulator.error is None else f"upstream error mid-stream: {accumulator.error}"
         return _Parsed(accumulator.records(), accumulator.usage, error, streamed=True)
     try:

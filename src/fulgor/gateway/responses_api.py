@@ -14,11 +14,12 @@ model may hand back (``reasoning``) are left out.
 
 Responses: a chat completion becomes a ``response`` object whose ``output`` holds a ``message``
 item (``output_text`` content) and one ``function_call`` item per tool call; a length stop makes
-it ``incomplete`` with ``incomplete_details``. Streamed chat chunks become the Responses event
-sequence (``response.created``, ``response.in_progress``, ``response.output_item.added``, ...,
-``response.completed`` or ``response.incomplete``), each with its ``sequence_number``; an upstream
-error chunk becomes an ``error`` event that ends the stream and makes the openai SDK raise.
-Errors take OpenAI's shape (:func:`error_body`).
+it ``incomplete`` with ``incomplete_details``, and the item it cut off ``incomplete`` too.
+Streamed chat chunks become the Responses event sequence (``response.created``,
+``response.in_progress``, ``response.output_item.added``, ..., ``response.completed`` or
+``response.incomplete``), each with its ``sequence_number``; an upstream error chunk, or a stream
+that ends without a finish reason, becomes an ``error`` event that ends the stream and makes the
+openai SDK raise. Errors take OpenAI's shape (:func:`error_body`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fulgor.gateway._translate import UNFINISHED, JsonDict, objects, sse_event, upstream_error_message
 from fulgor.gateway.errors import BadRequestError
 
 __all__ = ["ResponsesStream", "error_body", "request_to_chat", "response_from_chat"]
-
-JsonDict = dict[str, Any]
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -86,7 +86,7 @@ def request_to_chat(body: JsonDict) -> JsonDict:
         chat["max_tokens"] = body["max_output_tokens"]
     chat.update({key: body[key] for key in ("temperature", "top_p") if body.get(key) is not None})
     if body.get("tools"):
-        chat["tools"] = [_tool(tool) for tool in _objects(body["tools"], "tools")]
+        chat["tools"] = [_tool(tool) for tool in objects(body["tools"], "tools")]
         if body.get("parallel_tool_calls") is not None:
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     if body.get("tool_choice") is not None:
@@ -100,19 +100,13 @@ def request_to_chat(body: JsonDict) -> JsonDict:
     return chat
 
 
-def _objects(value: Any, what: str) -> list[JsonDict]:
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise BadRequestError(f"{what} must be a list of JSON objects")
-    return value
-
-
 def _input_messages(value: Any) -> list[JsonDict]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if value is None:
         raise BadRequestError("a Responses request needs 'input': a string or a list of input items")
     messages: list[JsonDict] = []
-    for item in _objects(value, "input (when not a string)"):
+    for item in objects(value, "input (when not a string)"):
         kind = item.get("type")
         if kind == "function_call":
             _add_tool_call(messages, item)
@@ -166,7 +160,7 @@ def _text_of(content: Any, what: str) -> str:
     if content is None:
         raise BadRequestError(f"{what} must be a string or a list of content parts")
     parts = []
-    for part in _objects(content, f"{what} (when not a string)"):
+    for part in objects(content, f"{what} (when not a string)"):
         kind = part.get("type")
         key = "refusal" if kind == "refusal" else "text"
         if kind not in (*_TEXT_PARTS, "refusal"):
@@ -210,7 +204,7 @@ def _response_format(text: Any) -> JsonDict | None:
     """``text.format`` as a chat ``response_format``: plain text needs none; JSON maps over."""
     if text is None:
         return None
-    if not isinstance(text, dict) or not isinstance(text.get("format", {}), dict):
+    if not isinstance(text, dict) or not isinstance(text.get("format") or {}, dict):
         raise BadRequestError('text must be a JSON object such as {"format": {"type": "text"}}')
     fmt = text.get("format") or {"type": "text"}
     kind = fmt.get("type")
@@ -306,15 +300,16 @@ def response_from_chat(chat: JsonDict, request: JsonDict) -> JsonDict:
     choice = (chat.get("choices") or [{}])[0]
     message = choice.get("message") or {}
     finish = choice.get("finish_reason")
-    status = "incomplete" if finish in _INCOMPLETE_REASONS else "completed"
     output: list[JsonDict] = []
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
-        output.append(_message_item(_new_id("msg"), message.get("content") or "", status))
+        output.append(_message_item(_new_id("msg"), message.get("content") or "", "completed"))
     for call in calls:
         function = call.get("function") or {}
         arguments = function.get("arguments") or ""
         output.append(_call_item(_new_id("fc"), call.get("id"), function.get("name"), arguments, "completed"))
+    if finish in _INCOMPLETE_REASONS:
+        output[-1]["status"] = "incomplete"  # the item being generated when the limit cut it off
     response = _response(request, _new_id("resp"), chat.get("model"))
     return _finished(response, output, finish, chat.get("usage") or {})
 
@@ -351,7 +346,7 @@ class ResponsesStream:
         if self.error is not None:
             return []
         if chunk.get("error") and not chunk.get("choices"):
-            return [self.fail(_error_message(chunk["error"]))]
+            return [self.fail(upstream_error_message(chunk["error"]))]
         events = self._start(chunk.get("model"))
         if chunk.get("usage"):
             self._usage = chunk["usage"]
@@ -372,9 +367,12 @@ class ResponsesStream:
         return self._event("error", {**flat, "error": {"type": "server_error", **flat}})
 
     def finish(self) -> list[bytes]:
-        """The closing events; call once after the last chunk (none after an error)."""
+        """The closing events; call once after the last chunk (none after an error). A stream
+        that ended without a finish reason was cut short: it ends with an ``error`` event."""
         if self.error is not None:
             return []
+        if self._finish_reason is None:
+            return [self.fail(UNFINISHED)]
         events = self._start(None)
         status = "incomplete" if self._finish_reason in _INCOMPLETE_REASONS else "completed"
         if not self._output and self._open is None:
@@ -435,7 +433,8 @@ class ResponsesStream:
         return self._event("response.function_call_arguments.delta", {**where, "delta": arguments})
 
     def _close_item(self, status: str) -> list[bytes]:
-        """The done events of the open item; ``status`` is a message's (a call is whole or absent)."""
+        """The done events of the open item, which ends with ``status``: ``completed`` when the
+        next item starts, ``incomplete`` when a limit cut the response off in it."""
         if self._open is None:
             return []
         item, joined = self._open.item, "".join(self._open.parts)
@@ -448,7 +447,7 @@ class ResponsesStream:
                 self._event("response.content_part.done", {**text_where, "part": _text_part(joined)}),
             ]
         else:
-            done = {**item, "arguments": joined, "status": "completed"}
+            done = {**item, "arguments": joined, "status": status}
             events = [self._event("response.function_call_arguments.done", {**where, "arguments": joined})]
         events.append(self._event("response.output_item.done", {**self._where(), "item": done}))
         self._output.append(done)
@@ -464,11 +463,6 @@ class ResponsesStream:
         return where
 
     def _event(self, kind: str, payload: JsonDict) -> bytes:
-        data = json.dumps({"type": kind, **payload, "sequence_number": self._sequence})
+        event = sse_event(kind, {**payload, "sequence_number": self._sequence})
         self._sequence += 1
-        return f"event: {kind}\ndata: {data}\n\n".encode()
-
-
-def _error_message(error: Any) -> str:
-    message = error.get("message") if isinstance(error, dict) else None
-    return f"upstream: {message or error}"
+        return event

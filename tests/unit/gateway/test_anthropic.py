@@ -178,6 +178,21 @@ def test_an_upstream_error_chunk_ends_the_stream_with_an_error_event() -> None:
     assert stream.error == "upstream: generation failed inside the engine"
 
 
+@pytest.mark.parametrize(
+    "chunks",
+    [[{"id": "x", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}], []],
+    ids=["some-text", "no-chunks"],
+)
+def test_a_stream_that_ends_without_a_finish_reason_ends_with_an_error_event(chunks: list[Any]) -> None:
+    stream = AnthropicStream("m")
+    events = [event for part in chunks for event in stream.events(part)] + stream.finish()
+    parsed = [json.loads(e.decode().split("data: ", 1)[1]) for e in events]
+    assert parsed[-1]["type"] == "error"
+    assert "ended before the answer finished" in parsed[-1]["error"]["message"]
+    assert "message_stop" not in [p["type"] for p in parsed]
+    assert stream.error is not None
+
+
 def test_a_matched_stop_sequence_is_reported_whole_and_streamed() -> None:
     chat = {"choices": [{"message": {"content": "a"}, "finish_reason": "stop", "stop_reason": "END"}]}
     message = message_from_chat(chat, "m", ["END", "STOP"])

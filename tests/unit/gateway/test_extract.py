@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fulgor.gateway.extract import SseParser, StreamAccumulator, choices_from_body
+import pytest
+
+from fulgor.gateway.extract import BadEventError, SseParser, StreamAccumulator, choices_from_body
 
 
 def sse(*payloads: object) -> bytes:
@@ -71,6 +73,15 @@ def test_sse_parser_joins_events_split_across_chunks() -> None:
 
 def test_sse_parser_accepts_crlf_line_ends() -> None:
     assert SseParser().feed(b'data: {"a": 1}\r\n\r\n') == [{"a": 1}]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [(b"[1, 2]", "not a JSON object: \\[1, 2\\]"), (b"7", "not a JSON object: 7"), (b"{nope", "not JSON")],
+)
+def test_sse_parser_refuses_an_event_that_is_not_a_json_object(data: bytes, match: str) -> None:
+    with pytest.raises(BadEventError, match=match):
+        SseParser().feed(b'data: {"a": 1}\n\ndata: ' + data + b"\n\n")
 
 
 def test_a_streamed_chat_with_tool_calls_is_rebuilt_with_all_ids() -> None:

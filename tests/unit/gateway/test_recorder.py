@@ -96,6 +96,19 @@ def test_a_stream_that_carried_an_error_chunk_is_an_error() -> None:
     assert recorded.response_token_ids is None
 
 
+def test_a_stream_with_an_event_that_is_not_a_json_object_is_an_error() -> None:
+    call = record(None)
+    call.stream_chunks = sse(
+        {"prompt_token_ids": [1], "choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": [7]}]},
+        [1, 2],
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    )
+    [recorded] = calls_of(Recorder(MemoryStore()).spans_for(call))
+    assert recorded.error is not None
+    assert "not a JSON object: [1, 2]" in recorded.error
+    assert recorded.response_token_ids is None
+
+
 def test_an_upstream_error_is_recorded_as_an_error_call() -> None:
     [span] = Recorder(MemoryStore()).spans_for(record(b'{"error": "boom"}', status=500))
     call = ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL])

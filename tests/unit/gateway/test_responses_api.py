@@ -123,6 +123,7 @@ def test_a_function_call_without_text_before_it_is_an_assistant_turn_of_its_own(
     ("text", "response_format"),
     [
         ({"format": {"type": "text"}}, None),
+        ({"format": None}, None),
         ({"verbosity": "low"}, None),
         ({"format": {"type": "json_object"}}, {"type": "json_object"}),
         (
@@ -241,6 +242,18 @@ def test_a_length_stop_makes_the_response_incomplete() -> None:
     assert response.max_output_tokens == 3
 
 
+def test_a_tool_call_cut_by_the_length_limit_is_the_incomplete_item() -> None:
+    calls = [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1'}}]
+    chat = chat_completion({"role": "assistant", "content": "Adding.", "tool_calls": calls}, "length")
+    response = Response.model_validate(response_from_chat(chat, {"input": "add", "tools": [ADD_TOOL]}))
+    assert response.status == "incomplete"
+    # The text before the call was finished; the call was being written when the limit hit.
+    assert [(item.type, item.status) for item in response.output] == [
+        ("message", "completed"),
+        ("function_call", "incomplete"),
+    ]
+
+
 def test_an_empty_answer_is_an_empty_message() -> None:
     chat = chat_completion({"role": "assistant", "content": None}, "stop")
     response = Response.model_validate(response_from_chat(chat, {"input": "x"}))
@@ -325,6 +338,38 @@ def test_a_stream_cut_by_the_length_limit_ends_incomplete() -> None:
     assert parsed[-1].type == "response.incomplete"
     assert parsed[-1].response.incomplete_details.reason == "max_output_tokens"
     assert parsed[-2].item.status == "incomplete"
+
+
+def test_a_streamed_tool_call_cut_by_the_length_limit_is_incomplete() -> None:
+    stream = ResponsesStream({"input": "add", "tools": [ADD_TOOL]})
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a"'}}
+    events = stream.events(chunk({"content": "Adding."}))
+    events += stream.events(chunk({"tool_calls": [call]}, "length"))
+    events += stream.finish()
+    parsed = parse(events)
+    done = [event.item for event in parsed if event.type == "response.output_item.done"]
+    assert [(item.type, item.status) for item in done] == [
+        ("message", "completed"),
+        ("function_call", "incomplete"),
+    ]
+    assert parsed[-1].type == "response.incomplete"
+    assert [item.status for item in parsed[-1].response.output] == ["completed", "incomplete"]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [[chunk({"content": "Hel"})], [chunk({"role": "assistant", "content": ""})], []],
+    ids=["some-text", "no-text", "no-chunks"],
+)
+def test_a_stream_that_ends_without_a_finish_reason_ends_with_an_error_event(chunks: list[Any]) -> None:
+    stream = ResponsesStream({"input": "hi"})
+    events = [event for part in chunks for event in stream.events(part)] + stream.finish()
+    parsed = parse(events)
+    assert parsed[-1].type == "error"
+    assert "ended before the answer finished" in parsed[-1].message
+    assert not any(event.type.startswith("response.completed") for event in parsed)
+    assert stream.error is not None
+    assert stream.finish() == []
 
 
 def test_a_stream_with_no_output_still_has_a_message() -> None:
