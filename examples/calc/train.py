@@ -142,6 +142,7 @@ def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -151,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=150, help="GRPO steps (at most; GRPO stops after 5 minutes)"
     )
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store"):
+    for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")
     started = time.perf_counter()

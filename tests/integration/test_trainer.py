@@ -147,6 +147,7 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     # Step 0 is the validation before training: the curve's starting point.
     assert 0.0 <= lines[0]["val_accuracy"] <= 1.0
     assert lines[0]["val_tool_call_rate"] == 0.0  # the agent offers no tools
+    assert lines[0]["val_rollouts_failed"] == lines[2]["val_rollouts_failed"] == 0
     rollouts, calls, [llm] = read_store(run_dir / "store.sqlite")
     assert 0 < lines[1]["elapsed_seconds"] < lines[2]["elapsed_seconds"]
     for line in lines[1:]:
@@ -362,6 +363,25 @@ def test_dev_shows_why_rollouts_failed(tmp_path: Path, model_dir: Path) -> None:
     assert only.reward is None
     assert "ValueError: no tool for 'Say a word.'" in (only.error or "")
     assert "failed" in str(report)
+
+
+def test_evaluate_counts_the_rollouts_that_failed(tmp_path: Path, model_dir: Path) -> None:
+    @rollout
+    async def fails_on_purpose(task: dict[str, Any], llm: LLM) -> float:
+        if task.get("fail"):
+            raise ValueError("this task fails on purpose")
+        await one_call(task, llm)
+        return 1.0
+
+    tasks = [*TASKS[:2], {"fail": True}]
+    metrics = make_trainer(tmp_path / "run", model_dir).evaluate(fails_on_purpose, tasks)
+
+    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
+    assert metrics["val_rollouts_failed"] == 1
+    assert metrics["val_accuracy"] == pytest.approx(2 / 3)  # the failed one counts 0
+    rollouts, _, _ = read_store(tmp_path / "run" / "store.sqlite")
+    assert sorted(r.status for r in rollouts) == ["failed", "succeeded", "succeeded"]
+    assert leftover_processes() == set()
 
 
 def test_a_session_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 The demo ships with the source, not with the installed package: run from the checkout's top
 directory, ``fulgor demo`` imports ``examples.calc.train`` from there (as ``make demo`` does with
-``python -m``) and passes ``--run-dir``, ``--seed`` and ``--steps`` on. Anywhere else it says so.
+``python -m``) and passes ``--run-dir``, ``--seed`` and ``--steps`` on. Anywhere else it says so
+(exit status 2); a demo that fails is one ``error:`` line and status 1, Ctrl+C status 130.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import importlib
 import sys
 from pathlib import Path
 from typing import Any
+
+from fulgor.cli._options import positive_int
+from fulgor.errors import FulgorError
 
 __all__ = ["register"]
 
@@ -31,7 +35,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--run-dir", type=Path, metavar="DIR", help="default: runs/calc-<date>-<time>")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--steps", type=int, default=150, help="GRPO steps (at most; it stops after 5 minutes)"
+        "--steps", type=positive_int, default=150, help="GRPO steps (at most; it stops after 5 minutes)"
     )
     parser.set_defaults(handler=_run)
 
@@ -53,7 +57,14 @@ def _run(args: argparse.Namespace) -> int:
     argv = ["--seed", str(args.seed), "--steps", str(args.steps)]
     if args.run_dir is not None:
         argv += ["--run-dir", str(args.run_dir)]
-    result: int = demo.main(argv)
+    try:
+        result: int = demo.main(argv)
+    except (FulgorError, ImportError) as error:
+        print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: the demo stopped; run it again to start over", file=sys.stderr)
+        return 130
     return result
 
 

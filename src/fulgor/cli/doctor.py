@@ -5,7 +5,8 @@ Each line is ``OK``, ``MISSING`` (an optional extra that is not installed: not a
 dependencies and each extra (versions read from package metadata, so nothing heavy is imported;
 torch only, when installed, to tell whether CUDA works), SQLite and its WAL journal, and a loopback
 port. On request: a store (``--store``), a gateway (``--gateway``), an engine (``--engine``) and a
-local model directory (``--model``). Exit status 0 when every required check passes, 1 otherwise.
+local model directory (``--model``). Exit status 0 when every required check passes, 1 when one
+fails, 2 when the command cannot run its checks (a ``--token-file`` it cannot read or that is empty).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.client
 import importlib.metadata
 import json
 import operator
@@ -107,7 +109,7 @@ def register(subparsers: Any) -> None:
         description="A checklist: Python, fulgor, each extra, SQLite, a loopback port; and with the "
         "options, whether a store, gateway or engine answers and whether a model directory loads. "
         "Each line is OK, MISSING (an optional extra: not a failure) or FAIL with what to do. "
-        "Exit status 0 when every required check passes, 1 otherwise.",
+        "Exit status 0 when every required check passes, 1 when one fails, 2 for a bad --token-file.",
     )
     parser.add_argument(
         "--store",
@@ -347,7 +349,12 @@ def _loopback() -> Check:
 
 
 class _Unreachable(Exception):
-    """Nothing answered at a URL."""
+    """Nothing answered at a URL, or something that does not speak HTTP; ``remedy`` replaces the
+    check's own advice (to start the service) when starting it is not the fix."""
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.remedy = remedy
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, Any]:
@@ -355,10 +362,20 @@ def _get(url: str, token: str | None = None) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_SECONDS) as reply:
-            return reply.status, _json(reply.read())
-    except urllib.error.HTTPError as error:
-        return error.code, _json(error.read())
+        try:
+            with opener.open(
+                urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_SECONDS
+            ) as reply:
+                return reply.status, _json(reply.read())
+        except urllib.error.HTTPError as error:
+            return error.code, _json(error.read())
+    except http.client.HTTPException as error:  # a malformed status line, a body cut short
+        said = " ".join(str(error).split())[:80]  # what it sent, on one line
+        shown = f"{type(error).__name__}: {said}" if said else type(error).__name__
+        raise _Unreachable(
+            f"{_origin(url)} answers, but not HTTP ({shown})",
+            "another program listens on that port: pass the URL the service printed when it started",
+        ) from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         raise _Unreachable(f"nothing answers at {url} ({reason})") from None
@@ -447,7 +464,8 @@ def _store_server(url: str, token: str | None) -> Check:
             "store",
             "FAIL",
             str(error),
-            "start it: fulgor serve --store sqlite:///runs/NAME/store.sqlite (it prints its URL)",
+            error.remedy
+            or "start it: fulgor serve --store sqlite:///runs/NAME/store.sqlite (it prints its URL)",
         )
     if status in (401, 403):
         return _refused("store", status, stats, "fulgor serve")
@@ -465,7 +483,7 @@ def _gateway(url: str, token: str | None) -> Iterator[Check]:
     try:
         status, state = _get(f"{origin}/gateway/state", token)
     except _Unreachable as error:
-        yield Check("gateway", "FAIL", str(error), start)
+        yield Check("gateway", "FAIL", str(error), error.remedy or start)
         return
     if status in (401, 403):
         yield _refused("gateway", status, state, "the gateway (or fulgor serve)")
@@ -479,21 +497,38 @@ def _gateway(url: str, token: str | None) -> Iterator[Check]:
     paused = " (paused: a weight swap is in progress)" if state.get("paused") else ""
     yield Check("gateway", "OK", f"{origin}{paused}; {len(upstreams)} upstream(s)")
     for upstream in upstreams:
-        yield _models("gateway upstream", upstream, "start the engine the gateway forwards to")
+        yield _models(
+            "gateway upstream",
+            upstream,
+            "start the engine the gateway forwards to",
+            "the upstream's API key, which the gateway sends when started with --upstream-api-key",
+        )
 
 
 def _engine(url: str) -> Iterator[Check]:
     base = url.rstrip("/")
     base = base if base.endswith("/v1") else f"{base}/v1"
-    yield _models("engine", base, "start it: fulgor engine --model DIR --port P (it prints its URL)")
+    yield _models(
+        "engine",
+        base,
+        "start it: fulgor engine --model DIR --port P (it prints its URL)",
+        "its API key, which agents (or the gateway's --upstream-api-key) must send",
+    )
 
 
-def _models(name: str, base: str, start: str) -> Check:
-    """Whether ``base/models`` (an OpenAI-compatible API) answers with a list of models."""
+def _models(name: str, base: str, start: str, key: str) -> Check:
+    """Whether ``base/models`` (an OpenAI-compatible API) answers with a list of models.
+
+    A 401 or 403 is an API that answers but wants ``key`` (a hosted one): reachable, so OK.
+    """
     try:
         status, body = _get(f"{base.rstrip('/')}/models")
     except _Unreachable as error:
-        return Check(name, "FAIL", str(error), start)
+        return Check(name, "FAIL", str(error), error.remedy or start)
+    if status in (401, 403):
+        return Check(
+            name, "OK", f"{base} answers, but lists its models only with {key} ({_message(status, body)})"
+        )
     data = body.get("data") if isinstance(body, dict) else None
     if status != 200 or not isinstance(data, list):
         return Check(
@@ -511,29 +546,26 @@ def _models(name: str, base: str, start: str) -> Check:
 
 def _model(path: Path) -> Iterator[Check]:
     from fulgor.engine.errors import EngineError
-    from fulgor.engine.loading import checkpoint_kind
+    from fulgor.engine.loading import adapter_base, checkpoint_kind
 
     try:
-        if checkpoint_kind(path) == "lora":
-            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            if not base or not Path(base).is_dir():
-                yield Check(
-                    "model",
-                    "FAIL",
-                    f"{path} is a LoRA adapter over {base!r}, not a local directory",
-                    "pass the base model's directory (the engine serves the base, then swaps the adapter in)",
-                )
-                return
-            yield Check("model", "OK", f"{path} is a LoRA adapter over {base}")
-            path = Path(base)
-    except (EngineError, OSError, ValueError) as error:
-        yield Check(
-            "model",
-            "FAIL",
-            getattr(error, "message", str(error)),
-            "pass a Hugging Face model directory (with config.json)",
-        )
+        kind = checkpoint_kind(path)
+    except EngineError as error:
+        yield Check("model", "FAIL", error.message, "pass a Hugging Face model directory (with config.json)")
         return
+    if kind == "lora":
+        try:
+            base = adapter_base(path)
+        except EngineError as error:
+            yield Check(
+                "model",
+                "FAIL",
+                error.message,
+                "pass the base model's directory (the engine serves the base, then swaps the adapter in)",
+            )
+            return
+        yield Check("model", "OK", f"{path} is a LoRA adapter over {base}")
+        path = base
     try:
         from fulgor.engine.loading import require_transformers
 
@@ -589,15 +621,23 @@ def _chat_template(tokenizer: Any) -> Check:
 
     tool = {"type": "function", "function": {"name": "fulgor_doctor_probe", "parameters": {"type": "object"}}}
     messages = [ChatMessage(role="user", content="What is 2 + 3?")]
-    try:
+    try:  # chat decides the check; tools are a note on it
         render_chat_ids(tokenizer, messages)
-        with_tools = tokenizer.decode(render_chat_ids(tokenizer, messages, [tool]))
     except EngineError as error:
         return Check(
             "chat template",
             "FAIL",
             error.message,
             "add a chat_template to the tokenizer files, or have the agent call /v1/completions",
+        )
+    try:
+        with_tools = tokenizer.decode(render_chat_ids(tokenizer, messages, [tool]))
+    except EngineError as error:
+        return Check(
+            "chat template",
+            "OK",
+            f"renders chat, but refuses tool definitions ({error.message}): agents that offer "
+            "tools get an error from this model",
         )
     if "fulgor_doctor_probe" not in with_tools:
         return Check(

@@ -3,10 +3,14 @@
 ``fulgor train --agent module:object --train tasks.jsonl --model DIR`` runs :class:`fulgor.Trainer`
 with :class:`fulgor.GRPO`; ``--dev`` runs the agent once on each task without training (the quickest
 check of an agent, its rewards and its token ids) and ``--evaluate`` measures the ``--val`` tasks
-with the run's newest weights. Task files are JSON Lines, one task (any JSON value) per line.
+with the newest weights of the run in ``--run-dir``. Without ``--run-dir``, training and ``--dev``
+start a new ``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it.
+Task files are JSON Lines, one task (any JSON value) per line.
 
-Every input (task files, model directory, agent, settings) is checked before any service starts;
-a bad one is one ``error:`` line and exit status 2. A missing extra or a run that fails is status 1.
+Every input (task files, model directory, run directory, device, agent, settings) is checked
+before any service starts; a bad one is one ``error:`` line and exit status 2. A missing extra, a
+run that fails, or a ``--dev`` or ``--evaluate`` with a rollout that did not succeed is status 1;
+Ctrl+C stops every service and is status 130.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import importlib
 import json
 import logging
+import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -31,8 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_model_dir", "read_tasks", "register"]
 
-# Loggers that speak for every request; the trainer's own lines are the ones worth reading.
-_QUIET_LOGGERS = ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store")
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +60,13 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="local Hugging Face model directory to start from (fulgor downloads nothing)",
     )
-    parser.add_argument("--run-dir", type=Path, metavar="DIR", help="default: runs/train-<date>-<time>")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the run keeps its checkpoints, metrics and store; pass it again to continue the "
+        "run (default for training and --dev: a new runs/train-<date>-<time>)",
+    )
     parser.add_argument(
         "--limit", type=positive_int, metavar="N", help="only the first N tasks of each file (a quick --dev)"
     )
@@ -69,7 +80,8 @@ def register(subparsers: Any) -> None:
     mode.add_argument(
         "--evaluate",
         action="store_true",
-        help="measure the --val tasks (greedy) with the run's newest weights instead of training",
+        help="measure the --val tasks (greedy) with the newest weights of the run in --run-dir "
+        "instead of training",
     )
     grpo = parser.add_argument_group("GRPO")
     grpo.add_argument(
@@ -123,7 +135,7 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="rollouts at once per runner (default 8)",
     )
-    system.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    system.add_argument("--device", default="auto", help="auto (default), cpu, mps, cuda or cuda:N")
     system.add_argument(
         "--no-resume",
         action="store_true",
@@ -177,6 +189,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         _require_extras()
+        _check_device(args.device)
         trainer = _trainer(args, job.run_dir)
         agent = _load_agent(args.agent)
     except ImportError as error:
@@ -196,10 +209,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: {job.run_dir} keeps every finished step; run the same command to continue",
-            file=sys.stderr,
-        )
+        if args.dev or args.evaluate:
+            print("\ninterrupted", file=sys.stderr)
+        else:
+            print(
+                f"\ninterrupted: {job.run_dir} keeps every finished step; to continue, run the same "
+                f"command with --run-dir {job.run_dir}",
+                file=sys.stderr,
+            )
         return 130
 
 
@@ -210,26 +227,60 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     if not args.evaluate and args.train is None:
         what = "--dev runs the agent on" if args.dev else "training needs"
         raise ConfigError(f"{what} the tasks of --train FILE; pass --train (JSON Lines, one task per line)")
+    if args.evaluate and args.run_dir is None:
+        raise ConfigError(
+            "--evaluate measures the weights of a run (its newest checkpoint); pass its --run-dir"
+        )
     if args.group_size < 2:
         raise ConfigError("--group-size must be 2 or more: GRPO compares the rollouts of each task")
+    if not _DEVICE.fullmatch(args.device):
+        raise ConfigError(f"--device {args.device} is not a device; pass auto, cpu, mps, cuda or cuda:N")
     train = read_tasks(args.train, "--train") if args.train is not None else []
     val = read_tasks(args.val, "--val") if args.val is not None else []
     if args.limit is not None:
         train, val = train[: args.limit], val[: args.limit]
     check_model_dir(args.model)
     run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+    _check_run_dir(run_dir)
+    if not (args.dev or args.evaluate):
+        _check_continuation(run_dir, args.no_resume)
+    return _Job(train=train, val=val, run_dir=run_dir)
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """A directory the run can be written into (it, or the nearest folder above it that exists)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} is a file; pass a directory for the run")
-    if args.no_resume and not (args.dev or args.evaluate):
-        from fulgor.training.checkpoints import latest_checkpoint
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: {existing} is a file; pass a directory for the run")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--run-dir {run_dir}: {existing} is not writable; pass a directory you can write")
 
-        latest = latest_checkpoint(run_dir / "checkpoints")
-        if latest is not None:
-            raise ConfigError(
-                f"--run-dir {run_dir} already holds checkpoints up to step {latest[0]}; pick a new "
-                "--run-dir, or drop --no-resume to continue that run"
-            )
-    return _Job(train=train, val=val, run_dir=run_dir)
+
+def _check_continuation(run_dir: Path, no_resume: bool) -> None:
+    """Training continues a run's checkpoints: refused with --no-resume, and for LoRA adapters
+    (the command trains all weights)."""
+    from fulgor.engine.loading import checkpoint_kind
+    from fulgor.training.checkpoints import latest_checkpoint
+
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        return
+    step, path = latest
+    if no_resume:
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds checkpoints up to step {step}; pick a new "
+            "--run-dir, or drop --no-resume to continue that run"
+        )
+    if checkpoint_kind(path) == "lora":
+        raise ConfigError(
+            f"--run-dir {run_dir} holds LoRA adapter checkpoints (up to step {step}), and fulgor train "
+            "trains all weights; pick a new --run-dir, or continue that run from Python with "
+            "Trainer and GRPO(lora=LoraConfig(...))"
+        )
 
 
 def check_model_dir(model: Path) -> None:
@@ -243,6 +294,24 @@ def check_model_dir(model: Path) -> None:
         raise ConfigError(
             f"--model {model} has no config.json; pass the directory that holds the model's "
             "config.json, tokenizer files and weights"
+        )
+
+
+def _check_device(device: str) -> None:
+    """A device this machine has (torch is importable by now); ``auto`` always is."""
+    from fulgor.engine.loading import require_torch, resolve_device
+
+    resolved = resolve_device(device)  # a ModelLoadError for CUDA without a GPU
+    torch = require_torch()
+    if resolved.startswith("cuda:") and int(resolved[5:]) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(
+            f"device {device!r} was asked for but this machine has {count} CUDA GPU(s), numbered from 0; "
+            "use --device cuda:N with a smaller N, or --device cpu"
+        )
+    if resolved == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"device {device!r} was asked for but Apple's MPS is not available; use --device cpu"
         )
 
 
@@ -289,8 +358,10 @@ def _load_agent(spec: str) -> Runnable:
 
 
 def _quiet_request_logs(verbose: bool) -> None:
+    from fulgor.training.reports import QUIET_LOGGERS
+
     if not verbose:
-        for name in _QUIET_LOGGERS:
+        for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -320,6 +391,14 @@ def _evaluate(trainer: Trainer, agent: Runnable, job: _Job) -> int:
     metrics = trainer.evaluate(agent, job.val)
     print(json.dumps({**metrics, "tasks": len(job.val)}))
     _print_where(job.run_dir, ("store (rollouts, spans)", "runner log"))
+    failed = int(metrics["val_rollouts_failed"])
+    if failed:
+        print(
+            f"error: {failed} of {len(job.val)} rollouts did not succeed (each counts 0 in val_accuracy); "
+            f"see {job.run_dir / 'logs' / 'runners.log'}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -336,7 +415,7 @@ def _fit(trainer: Trainer, agent: Runnable, job: _Job, agent_spec: str) -> int:
         print(f"warning: no report.html: {error.message}", file=sys.stderr)
     print()
     _print_where(job.run_dir, tuple(_PATHS))
-    print(f"\n  continue: the same command with a larger --steps (the run resumes from {job.run_dir})")
+    print(f"\n  continue: the same command with --run-dir {job.run_dir} and a larger --steps")
     return 0
 
 

@@ -20,6 +20,7 @@ from fulgor.engine.errors import ModelLoadError
 __all__ = [
     "CheckpointKind",
     "LoadedModel",
+    "adapter_base",
     "checkpoint_kind",
     "eos_token_ids",
     "load_model",
@@ -149,10 +150,17 @@ def _load_weights(path: Path, device: str, dtype: Any) -> Any:
     return model.to(device).eval()
 
 
-def _adapter_base(adapter_path: Path, base_path: Path | None) -> Path:
+def adapter_base(adapter_path: Path, base_path: Path | None = None) -> Path:
+    """The base model directory a LoRA adapter goes over: ``base_path`` when given, else the local
+    directory its ``adapter_config.json`` names, or a ModelLoadError."""
     if base_path is not None:
         return base_path
-    config = json.loads((adapter_path / "adapter_config.json").read_text())
+    try:
+        config = json.loads((adapter_path / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {adapter_path / 'adapter_config.json'}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{adapter_path / 'adapter_config.json'} is not a JSON object")
     base = config.get("base_model_name_or_path")
     if not base or not Path(base).is_dir():
         raise ModelLoadError(
@@ -190,7 +198,7 @@ def load_model(
     kind = checkpoint_kind(source)
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device)
-    weights_path = _adapter_base(source, Path(base_path) if base_path else None) if kind == "lora" else source
+    weights_path = adapter_base(source, Path(base_path) if base_path else None) if kind == "lora" else source
     model = _load_weights(weights_path, resolved_device, torch_dtype)
     if kind == "lora":
         model = _merge_adapter(model, source)

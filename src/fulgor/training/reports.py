@@ -3,7 +3,9 @@
 ``DevReport`` lists each rollout's status, reward, model calls and drift; ``str(report)`` is a
 table to print. ``MetricsLog`` appends one JSON object per training step to ``metrics.jsonl`` (a
 number that is not finite, such as a NaN loss, is written as ``null``: JSON has no NaN);
-``PhaseTimer`` measures the seconds each named step of a training step took.
+``PhaseTimer`` measures the seconds each named step of a training step took. ``QUIET_LOGGERS``
+are the loggers of the services a run starts, which log every request: a script that shows the
+trainer's own lines sets them to WARNING.
 """
 
 from __future__ import annotations
@@ -20,7 +22,18 @@ from typing import Any
 from fulgor.adapters.trajectory import DriftReport
 from fulgor.training.rollouts import RolloutOutcome
 
-__all__ = ["DevReport", "MetricsLog", "PhaseTimer", "ProgressBar", "RolloutReport", "drift_total"]
+__all__ = [
+    "QUIET_LOGGERS",
+    "DevReport",
+    "MetricsLog",
+    "PhaseTimer",
+    "ProgressBar",
+    "RolloutReport",
+    "drift_total",
+]
+
+# The loggers that speak for every request (servers, HTTP clients, fulgor's services).
+QUIET_LOGGERS = ("uvicorn", "uvicorn.error", "httpx", "fulgor.engine", "fulgor.gateway", "fulgor.store")
 
 # Drift counters that are not problems: how many calls there were and how many were trained.
 _VOLUME_COUNTERS = ("calls_total", "calls_trained")
@@ -75,6 +88,12 @@ class DevReport:
                 total[name] = total.get(name, 0) + value
         return total
 
+    def summary(self) -> str:
+        """One line: how many rollouts, how many succeeded, the mean reward."""
+        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
+        succeeded = sum(1 for r in self.rollouts if r.status == "succeeded")
+        return f"{len(self.rollouts)} rollouts, {succeeded} succeeded, reward mean {mean}"
+
     def __str__(self) -> str:
         lines = [f"{'rollout':<24} {'status':<10} {'reward':>7} {'calls':>5}  drift / error"]
         for r in self.rollouts:
@@ -83,9 +102,7 @@ class DevReport:
             if r.error:
                 notes = f"{notes}; {r.error}"
             lines.append(f"{r.rollout_id:<24} {r.status:<10} {reward:>7} {r.model_calls:>5}  {notes}")
-        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
-        succeeded = sum(1 for r in self.rollouts if r.status == "succeeded")
-        lines.append(f"{len(self.rollouts)} rollouts, {succeeded} succeeded, reward mean {mean}")
+        lines.append(self.summary())
         return "\n".join(lines)
 
 

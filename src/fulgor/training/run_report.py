@@ -35,6 +35,7 @@ _COLUMNS = (
     "clip_fraction",
     "groups_without_signal",
     "rollouts_failed",
+    "val_rollouts_failed",
     "tokens_per_second",
     "elapsed_seconds",
 )

@@ -165,8 +165,8 @@ class Trainer:
     def evaluate(self, agent: Runnable, dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once on each task, greedy, with the newest weights (no training).
 
-        Returns ``val_accuracy`` and ``val_tool_call_rate`` as :meth:`validate` measures them,
-        for a held-out set the run never validated on.
+        Returns ``val_accuracy``, ``val_tool_call_rate`` and ``val_rollouts_failed`` as
+        :meth:`validate` measures them, for a held-out set the run never validated on.
         """
         if not dataset:
             raise ConfigError("the evaluation dataset is empty; pass at least one task")
@@ -234,7 +234,7 @@ class Trainer:
             rollouts = await run_rollouts(services.store, requests, services.runners)
             outcomes = await self.build_trajectories(services, rollouts)
         report = DevReport([RolloutReport.from_outcome(outcome) for outcome in outcomes])
-        logger.info("dev run on %d tasks:\n%s", len(dataset), report)
+        logger.info("dev run on %d tasks: %s", len(dataset), report.summary())
         return report
 
     async def _evaluate(self, agent: Runnable, dataset: list[Any]) -> dict[str, float]:
@@ -353,8 +353,10 @@ class Trainer:
     async def validate(self, services: Services, val: list[Any], resources: ResourceIds) -> dict[str, float]:
         """Each validation task once, greedy.
 
-        Returns ``val_accuracy`` (the mean reward; no reward counts 0) and ``val_tool_call_rate``
-        (the share of rollouts whose model asked for a tool at least once).
+        Returns ``val_accuracy`` (the mean reward; no reward counts 0), ``val_tool_call_rate``
+        (the share of rollouts whose model asked for a tool at least once) and
+        ``val_rollouts_failed`` (how many rollouts did not succeed: they count in the accuracy
+        as 0, and ``run_dir/logs/runners.log`` says why).
         """
         requests = [self._request(task, "val", resources.val) for task in val]
         rollouts = await run_rollouts(services.store, requests, services.runners)
@@ -362,6 +364,7 @@ class Trainer:
         return {
             "val_accuracy": sum(o.reward or 0.0 for o in outcomes) / len(outcomes),
             "val_tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / len(outcomes),
+            "val_rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
         }
 
     def log_metrics(

@@ -10,8 +10,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -177,6 +179,99 @@ def test_a_healthy_fulgor_serve_and_its_token(
     assert "--upstream" in line
 
 
+@contextlib.contextmanager
+def answering(reply: bytes) -> Iterator[str]:
+    """A TCP server on loopback that answers every connection with ``reply`` and closes it; its URL."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5)
+                with contextlib.suppress(OSError):
+                    connection.recv(65536)
+                    connection.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ncut short"],
+    ids=["not HTTP", "cut short"],
+)
+def test_a_server_that_does_not_speak_http_fails_its_check(
+    reply: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with answering(reply) as url:
+        assert main(["doctor", "--store", url, "--gateway", url, "--engine", url]) == 1
+    checks = lines_of(capsys.readouterr().out)
+    for name in ("store", "gateway", "engine"):
+        assert checks[name].startswith("FAIL"), checks[name]
+        assert f"{url}" in checks[name]
+        assert "answers, but not HTTP" in checks[name]
+        assert "-> another program listens on that port" in checks[name]
+
+
+class NeedsKey(BaseHTTPRequestHandler):
+    """An OpenAI-compatible API that lists its models only with its key, as hosted ones do."""
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") == "Bearer upstream-key":
+            status, body = 200, {"object": "list", "data": [{"id": "hosted-model", "object": "model"}]}
+        else:
+            error = {"message": "Incorrect API key provided", "type": "invalid_request_error"}
+            status, body = 401, {"error": {**error, "code": "invalid_api_key"}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_gateway_whose_upstream_needs_a_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), NeedsKey)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{upstream.server_address[1]}/v1"
+    store = f"sqlite:///{tmp_path}/s.sqlite"
+    try:
+        with start(
+            "serve", "--port", "0", "--store", store, "--upstream", base, "--upstream-api-key", "upstream-key"
+        ) as gateway:
+            assert main(["doctor", "--gateway", gateway, "--engine", base]) == 0
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    checks = lines_of(capsys.readouterr().out)
+    assert checks["gateway"].startswith("OK")
+    line = checks["gateway upstream"]
+    assert line.startswith("OK"), line
+    assert f"{base} answers, but lists its models only with the upstream's API key" in line
+    assert "HTTP 401: Incorrect API key provided" in line
+    assert "--upstream-api-key" in line
+    assert "base URL" not in line
+    engine = checks["engine"]
+    assert engine.startswith("OK"), engine
+    assert f"{base} answers, but lists its models only with its API key" in engine
+
+
 def test_an_empty_token_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "token").write_text("")
     assert main(["doctor", "--store", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token")]) == 2
@@ -222,6 +317,38 @@ def test_a_model_directory(tiny_model: Path, tmp_path: Path, capsys: pytest.Capt
     line = lines_of(capsys.readouterr().out)["model"]
     assert line.startswith("FAIL")
     assert "config.json" in line
+
+
+def test_a_chat_template_that_refuses_tools_still_serves_chat(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = shutil.copytree(tiny_model, tmp_path / "no-tools")
+    template = model / "chat_template.jinja"
+    refuse = "{%- if tools %}{{ raise_exception('this model takes no tools') }}{%- endif %}"
+    template.write_text(refuse + template.read_text())
+    assert main(["doctor", "--model", str(model)]) == 0
+    line = lines_of(capsys.readouterr().out)["chat template"]
+    assert line.startswith("OK")
+    assert "renders chat, but refuses tool definitions" in line
+    assert "this model takes no tools" in line
+
+
+def test_a_lora_adapter_is_checked_with_its_base(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_model)}))
+    assert main(["doctor", "--model", str(adapter)]) == 0
+    out = capsys.readouterr().out
+    assert f"OK      model: {adapter} is a LoRA adapter over {tiny_model}" in out
+    assert lines_of(out)["chat template"].startswith("OK")
+
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/hub-name"}))
+    assert main(["doctor", "--model", str(adapter)]) == 1
+    line = lines_of(capsys.readouterr().out)["model"]
+    assert line.startswith("FAIL")
+    assert "names base model 'org/hub-name', which is not a local directory" in line
 
 
 def test_an_engine_and_a_gateway_in_front_of_it(

@@ -4,13 +4,18 @@ agent module written into a folder of its own, on a tiny model built here."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fulgor.cli.main import main
+from fulgor.errors import ConfigError
 from fulgor.training.run_report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -18,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
 FULGOR = Path(sys.executable).with_name("fulgor")
 
 AGENT = '''
+import asyncio
+
 from openai import AsyncOpenAI
 
 from fulgor import LLM, rollout
@@ -28,6 +35,9 @@ async def solve(task, llm: LLM) -> float:
     """One chat call; the reward is whether the reply holds the task's letter."""
     if task.get("fail"):
         raise RuntimeError("this task fails on purpose")
+    if task.get("hang"):  # says it started, then runs until stopped
+        open(task["hang"], "w").close()
+        await asyncio.sleep(600)
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=3)
     try:
         reply = await client.chat.completions.create(
@@ -70,6 +80,9 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     checkpoint = tmp_path / "old-run" / "checkpoints" / "step-3"
     checkpoint.mkdir(parents=True)
     (checkpoint / "config.json").write_text("{}")
+    adapter = tmp_path / "lora-run" / "checkpoints" / "step-2"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
     (tmp_path / "module.txt").write_text(module)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the agent's folder is added to it
@@ -103,6 +116,16 @@ REFUSED = {
         ["--train", "tasks.jsonl", "--run-dir", "old-run", "--no-resume"],
         "old-run already holds checkpoints up to step 3",
     ),
+    "LoRA checkpoints": (
+        ["--train", "tasks.jsonl", "--run-dir", "lora-run"],
+        "lora-run holds LoRA adapter checkpoints (up to step 2)",
+    ),
+    "run dir below a file": (
+        ["--train", "tasks.jsonl", "--run-dir", "module.txt/run"],
+        "module.txt is a file",
+    ),
+    "unknown device": (["--train", "tasks.jsonl", "--device", "bogus"], "--device bogus is not a device"),
+    "device index": (["--train", "tasks.jsonl", "--device", "cuda:x"], "pass auto, cpu, mps, cuda or cuda:N"),
     "agent spec without object": (["--train", "tasks.jsonl", "--agent", "{agent}"], "module:object"),
     "agent module missing": (["--train", "tasks.jsonl", "--agent", "no_such_module:solve"], "cannot import"),
     "agent object missing": (["--train", "tasks.jsonl", "--agent", "{agent}:nothing"], "has no attribute"),
@@ -148,6 +171,38 @@ def test_bad_settings_are_usage_errors(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: {says}" in err
+
+
+def test_evaluate_needs_the_run_dir_it_measures(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--model", "model", "--val", "tasks.jsonl", "--evaluate"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    [error] = err.splitlines()
+    assert error.startswith("error: --evaluate measures the weights of a run")
+    assert "pass its --run-dir" in error
+    assert out == ""
+    assert not (folder / "runs").exists()  # no new, empty run measured with the base model
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
+def test_a_device_this_machine_lacks_is_refused_before_anything_starts(
+    folder: Path, capsys: pytest.CaptureFixture[str], device: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available() if device.startswith("cuda") else torch.backends.mps.is_available():
+        pytest.skip(f"this machine has {device}")
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--model", "model", "--train", "tasks.jsonl"]
+    assert main([*argv, "--run-dir", "run", "--device", device]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    assert f"device {device!r} was asked for but" in errors[0]
+    assert "use --device cpu" in errors[0]
+    assert "Traceback" not in err
+    assert not (folder / "run").exists()  # nothing started
 
 
 def test_a_missing_torch_names_the_extra(folder: Path) -> None:
@@ -200,6 +255,7 @@ def test_dev_runs_the_agent_once_per_task_and_reports_each_rollout(tmp_path: Pat
     assert "4 rollouts, 3 succeeded" in result.stdout
     assert result.stdout.count(" succeeded ") == 3
     assert "this task fails on purpose" in result.stdout
+    assert "this task fails on purpose" not in result.stderr  # the table once, on stdout
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "1 of 4 rollouts did not succeed" in error
     assert f"sqlite:///{Path('run') / 'store.sqlite'}" in result.stdout
@@ -211,9 +267,9 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
     (tmp_path / "calls.py").write_text(AGENT)
     write_tasks(tmp_path / "tasks.jsonl", TASKS)
     write_tasks(tmp_path / "val.jsonl", TASKS[:2])
-    common = ("--agent", "calls:solve", "--model", str(tiny_model), "--run-dir", "run", "--device", "cpu")
+    common = ("--agent", "calls:solve", "--model", str(tiny_model), "--device", "cpu")
     sizes = ("--max-tokens", "8", "--n-runners", "1", "--max-concurrency", "4")
-    result = fulgor_train(
+    result = fulgor_train(  # without --run-dir: a new one under runs/
         tmp_path,
         *common,
         *sizes,
@@ -221,11 +277,16 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
         *("--batch-tasks", "2", "--learning-rate", "1e-3"),
     )
     assert result.returncode == 0, result.stderr
-    run = tmp_path / "run"
+    [run] = (tmp_path / "runs").iterdir()
+    assert re.fullmatch(r"train-\d{8}-\d{6}", run.name)
+    shown = Path("runs") / run.name
+    [hint] = [line for line in result.stdout.splitlines() if "continue:" in line]
+    assert f"the same command with --run-dir {shown} and a larger --steps" in hint
     history = read_metrics(run)
     assert [m["step"] for m in history] == [0, 1]
     assert history[1]["rollouts"] == 4
     assert history[1]["rollouts_failed"] == 0
+    assert history[0]["val_rollouts_failed"] == 0
     assert (run / "checkpoints" / "step-1" / "config.json").is_file()
     for label, path in [
         ("report", "report.html"),
@@ -233,16 +294,75 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
         ("store (rollouts, spans)", "store.sqlite"),
         ("checkpoints", "checkpoints"),
     ]:
-        assert f"{label:<24} {Path('run') / path}" in result.stdout
+        assert f"{label:<24} {shown / path}" in result.stdout
     assert "step  reward  val acc" in result.stdout  # the curve, as text
 
-    evaluated = fulgor_train(tmp_path, *common, *sizes, "--val", "val.jsonl", "--evaluate")
+    evaluated = fulgor_train(
+        tmp_path, *common, *sizes, "--run-dir", str(shown), "--val", "val.jsonl", "--evaluate"
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     metrics = json.loads(evaluated.stdout.splitlines()[0])
-    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "tasks"}
-    assert metrics["tasks"] == 2
+    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed", "tasks"}
+    assert (metrics["tasks"], metrics["val_rollouts_failed"]) == (2, 0)
     assert "step-1" in evaluated.stderr  # with the weights the run trained
     assert [m["step"] for m in read_metrics(run)] == [0, 1]  # evaluating trains nothing
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
+
+
+def test_evaluate_fails_when_a_rollout_fails(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "val.jsonl", [TASKS[0], {"fail": True}])
+    result = fulgor_train(
+        tmp_path,
+        *("--agent", "calls:solve", "--model", str(tiny_model), "--run-dir", "run", "--device", "cpu"),
+        *("--val", "val.jsonl", "--evaluate", "--max-tokens", "8", "--n-runners", "1"),
+    )
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stderr
+    metrics = json.loads(result.stdout.splitlines()[0])  # still measured and printed
+    assert (metrics["tasks"], metrics["val_rollouts_failed"]) == (2, 1)
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "1 of 2 rollouts did not succeed" in error
+    assert str(Path("run") / "logs" / "runners.log") in error
+
+
+def test_ctrl_c_stops_the_run_and_says_how_to_continue(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "calls.py").write_text(AGENT)
+    started = tmp_path / "started"
+    write_tasks(tmp_path / "tasks.jsonl", [{"hang": str(started)}])
+    command = [str(FULGOR)] if FULGOR.exists() else [sys.executable, "-m", "fulgor.cli.main"]
+    command += ["train", "--agent", "calls:solve", "--model", str(tiny_model), "--train", "tasks.jsonl"]
+    command += ["--device", "cpu", "--group-size", "2", "--n-runners", "1", "--max-tokens", "8"]
+    # A session of its own, as a terminal's foreground job: Ctrl+C is SIGINT to its process group.
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not started.exists():  # a rollout runs: every service is up
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no rollout started"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    [run] = (tmp_path / "runs").iterdir()
+    [line] = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    shown = Path("runs") / run.name
+    assert line == (
+        f"interrupted: {shown} keeps every finished step; to continue, run the same command with "
+        f"--run-dir {shown}"
+    )
 
 
 # -- fulgor demo -----------------------------------------------------------------------------------
@@ -277,6 +397,43 @@ def test_demo_in_a_checkout_runs_the_calc_demo_with_the_options(
     monkeypatch.chdir(ROOT)
     assert main(["demo", "--run-dir", str(tmp_path / "calc"), "--seed", "3", "--steps", "7"]) == 0
     assert ran == [["--seed", "3", "--steps", "7", "--run-dir", str(tmp_path / "calc")]]
+
+
+def test_demo_refuses_a_step_count_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "argument --steps: 0 is too small; pass 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "says"),
+    [
+        (ConfigError("the demo could not build its model"), 1, "error: the demo could not build its model"),
+        (KeyboardInterrupt(), 130, "interrupted: the demo stopped"),
+    ],
+)
+def test_demo_failing_or_interrupted_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raised: BaseException,
+    status: int,
+    says: str,
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("openai")
+    import examples.calc.train
+
+    def fail(argv: list[str]) -> int:
+        raise raised
+
+    monkeypatch.setattr(examples.calc.train, "main", fail)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(ROOT)
+    assert main(["demo", "--steps", "1"]) == status
+    err = capsys.readouterr().err
+    assert says in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
 
 
 @pytest.mark.slow
