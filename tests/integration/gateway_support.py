@@ -14,7 +14,7 @@ from fulgor.gateway import Gateway, GatewayConfig, create_gateway_app
 from fulgor.net.asgi import serve_asgi
 from fulgor.store.base import Store
 from fulgor.store.memory import MemoryStore
-from fulgor.testing import Sample
+from fulgor.testing import Sample, ScriptedOpenAIServer
 from fulgor.types import AttemptedRollout, ModelCall, RolloutRequest
 
 
@@ -153,3 +153,11 @@ async def write_json(writer: asyncio.StreamWriter, payload: JsonDict, status: in
         + body
     )
     await writer.drain()
+
+
+async def wait_for_disconnect(upstream: ScriptedOpenAIServer, seconds: float = 2.0) -> None:
+    """Until ``upstream`` has seen a client disconnect (the gateway closing a cancelled call)."""
+    for _ in range(round(seconds / 0.01)):
+        if upstream.disconnects:
+            return
+        await asyncio.sleep(0.01)

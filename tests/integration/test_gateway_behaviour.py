@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 import openai
 import pytest
-from gateway_support import assert_matches, gateway_env
+from gateway_support import assert_matches, gateway_env, wait_for_disconnect
 
 from fulgor import semconv
 from fulgor.gateway import GatewayConfig
@@ -274,10 +274,7 @@ async def test_an_agent_that_disconnects_cancels_the_upstream_call() -> None:
             if seen == 5:
                 break
         await stream.close()
-        for _ in range(200):
-            if upstream.disconnects:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_disconnect(upstream)
         assert upstream.disconnects == 1
         [call] = await env.calls(rollout, 1)
         assert call.error is not None

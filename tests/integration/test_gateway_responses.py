@@ -22,6 +22,7 @@ from gateway_support import (
     assert_matches,
     gateway_env,
     sse_event,
+    wait_for_disconnect,
     write_json,
     write_stream,
 )
@@ -199,10 +200,7 @@ async def test_an_agent_that_disconnects_mid_stream_cancels_the_upstream_call() 
             if seen == 5:
                 break
         await stream.close()
-        for _ in range(200):
-            if upstream.disconnects:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_disconnect(upstream)
         assert upstream.disconnects == 1
         [call] = await env.calls(rollout, 1)
         assert call.error is not None
