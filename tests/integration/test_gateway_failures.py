@@ -228,3 +228,30 @@ async def test_an_answer_of_the_wrong_shape_is_passed_on_and_recorded_as_an_erro
         assert "not a chat completion" in call.error
         assert call.response_token_ids is None
         assert env.gateway.recorder.stats.dropped == 0
+
+
+async def test_a_call_the_gateway_fails_to_relay_is_recorded_as_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever breaks while relaying (here a fault injected into the stream relay), the agent did
+    not get a whole answer, so the call must not be recorded as one with its token ids."""
+    from fulgor.gateway import proxy
+
+    def broken_finish(self: object) -> bytes:
+        raise RuntimeError("relay fault")
+
+    monkeypatch.setattr(proxy._OpenAIRelay, "finish", broken_finish)
+
+    async def answer(request: JsonDict, writer: asyncio.StreamWriter) -> None:
+        events = [OPENING, chunk({"content": "x"}, [10], finish="stop"), b"data: [DONE]\n\n"]
+        await write_stream(writer, events)
+
+    async with RawUpstream(answer) as upstream, gateway_env([upstream.url]) as env:
+        rollout, base_url = await env.rollout()
+        with pytest.raises(httpx.HTTPError):
+            async with httpx.AsyncClient() as http:
+                await http.post(f"{base_url}/chat/completions", json={**CHAT, "stream": True})
+        [call] = await env.calls(rollout, 1)
+        assert call.error is not None
+        assert "relay fault" in call.error
+        assert call.response_token_ids is None

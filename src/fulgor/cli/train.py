@@ -203,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.dev:
             return _dev(trainer, agent, job)
         if args.evaluate:
-            return _evaluate(trainer, agent, job)
+            return _evaluate(trainer, agent, job, args.model)
         return _fit(trainer, agent, job, args.agent)
     except (FulgorError, ImportError) as error:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
@@ -387,9 +387,18 @@ def _dev(trainer: Trainer, agent: Runnable, job: _Job) -> int:
     return 0
 
 
-def _evaluate(trainer: Trainer, agent: Runnable, job: _Job) -> int:
+def _evaluate(trainer: Trainer, agent: Runnable, job: _Job, model: Path) -> int:
+    """Measure ``job.val``; the JSON line names the checkpoint step measured (0: ``model`` itself)."""
+    from fulgor.training.checkpoints import latest_checkpoint
+
+    latest = latest_checkpoint(job.run_dir / "checkpoints")
+    if latest is None:
+        print(
+            f"note: {job.run_dir} has no checkpoint yet, so this measures the weights of --model {model}",
+            file=sys.stderr,
+        )
     metrics = trainer.evaluate(agent, job.val)
-    print(json.dumps({**metrics, "tasks": len(job.val)}))
+    print(json.dumps({**metrics, "tasks": len(job.val), "step": 0 if latest is None else latest[0]}))
     _print_where(job.run_dir, ("store (rollouts, spans)", "runner log"))
     failed = int(metrics["val_rollouts_failed"])
     if failed:

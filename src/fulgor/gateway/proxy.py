@@ -13,6 +13,7 @@ cancelled, which closes the upstream connection so the engine stops generating.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ Api = Literal["openai", "anthropic", "responses"]
 # has an object, a number where it has text): the upstream's fault, answered 502 or an error event.
 _SHAPE_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError)
 _NOT_A_COMPLETION = "upstream answered 200 with a body that is not a chat completion"
+_NOT_A_CHUNK = "the upstream sent a stream that is not a chat completion stream"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,6 +77,10 @@ async def forward_call(pool: UpstreamPool, context: CallContext) -> None:
         record.error = "the agent disconnected; the upstream call was cancelled"
     except GatewayError as error:
         record.error = error.message
+        raise
+    except Exception as error:
+        # Whatever went wrong, the agent did not get a whole answer: never record it as one.
+        record.error = f"the gateway failed to relay the call ({type(error).__name__}: {error})"
         raise
     finally:
         context.finishing = True
@@ -355,16 +363,17 @@ class _TranslatingRelay:
             try:
                 events.extend(self._stream.events(payload))
             except _SHAPE_ERRORS:
-                events.append(
-                    self.fail(
-                        f"the upstream sent a chunk that is not a chat completion chunk: {payload!r:.300}"
-                    )
-                )
+                logger.debug("cannot translate the upstream chunk %.300r", payload, exc_info=True)
+                events.append(self.fail(f"{_NOT_A_CHUNK}: {payload!r:.300}"))
                 break
         return b"".join(events)
 
     def finish(self) -> bytes:
-        return b"".join(self._stream.finish())
+        try:
+            return b"".join(self._stream.finish())
+        except _SHAPE_ERRORS:  # a usage that is not an object, text that is not a string, ...
+            logger.debug("cannot close the translated stream", exc_info=True)
+            return self.fail(_NOT_A_CHUNK)
 
     def fail(self, message: str) -> bytes:
         return b"" if self._stream.error is not None else self._stream.fail(message)

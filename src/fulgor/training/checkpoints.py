@@ -13,6 +13,7 @@ Needs ``fulgor[torch]``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -83,9 +84,20 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
+    """Flush ``path`` to disk. A directory whose file system cannot flush directories (some network
+    and FUSE file systems; Windows cannot open one) is left as it is, as PostgreSQL does."""
+    is_dir = path.is_dir()
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        if is_dir:
+            return
+        raise
     try:
         os.fsync(descriptor)
+    except OSError as error:
+        if not (is_dir and error.errno in (errno.EINVAL, errno.EBADF)):
+            raise
     finally:
         os.close(descriptor)
 

@@ -302,8 +302,8 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
     )
     assert evaluated.returncode == 0, evaluated.stderr
     metrics = json.loads(evaluated.stdout.splitlines()[0])
-    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed", "tasks"}
-    assert (metrics["tasks"], metrics["val_rollouts_failed"]) == (2, 0)
+    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed", "tasks", "step"}
+    assert (metrics["tasks"], metrics["val_rollouts_failed"], metrics["step"]) == (2, 0, 1)
     assert "step-1" in evaluated.stderr  # with the weights the run trained
     assert [m["step"] for m in read_metrics(run)] == [0, 1]  # evaluating trains nothing
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
@@ -321,6 +321,8 @@ def test_evaluate_fails_when_a_rollout_fails(tmp_path: Path, tiny_model: Path) -
     assert result.returncode == 1, result.stderr
     metrics = json.loads(result.stdout.splitlines()[0])  # still measured and printed
     assert (metrics["tasks"], metrics["val_rollouts_failed"]) == (2, 1)
+    assert metrics["step"] == 0  # a run without checkpoints: the weights of --model, and it says so
+    assert f"{Path('run')} has no checkpoint yet, so this measures the weights of --model" in result.stderr
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "1 of 2 rollouts did not succeed" in error
     assert str(Path("run") / "logs" / "runners.log") in error

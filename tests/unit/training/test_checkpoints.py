@@ -127,6 +127,7 @@ def test_a_save_that_fails_leaves_no_step_and_no_partial_copy(tmp_path: Path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files through /proc (Linux)")
 def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(
     tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,3 +151,32 @@ def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(
     assert synced_files == files
     assert partial in synced  # the directory's entries
     assert synced[-1] == str(tmp_path)  # the rename, after everything in it
+
+
+def test_a_file_system_that_cannot_flush_directories_still_takes_checkpoints(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some network and FUSE file systems answer fsync on a directory with EINVAL: files are still
+    flushed, the checkpoint is saved, and a failing fsync of a file still fails the save."""
+    import errno
+    import os
+    import stat
+
+    real_fsync = os.fsync
+
+    def no_directory_fsync(descriptor: int) -> None:
+        if stat.S_ISDIR(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", no_directory_fsync)
+    policy = load_policy(model_dir, "cpu")
+    assert policy.save(tmp_path, 1) == tmp_path / "step-1"
+
+    def failing_fsync(descriptor: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        policy.save(tmp_path, 2)
+    assert latest_checkpoint(tmp_path) == (1, tmp_path / "step-1")
