@@ -9,6 +9,8 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import pytest
+
 from fulgor import semconv
 from fulgor.gateway import Gateway, GatewayConfig, create_gateway_app
 from fulgor.net.asgi import serve_asgi
@@ -161,3 +163,22 @@ async def wait_for_disconnect(upstream: ScriptedOpenAIServer, seconds: float = 2
         if upstream.disconnects:
             return
         await asyncio.sleep(0.01)
+
+
+# How an upstream stream can end that a translated stream (Responses, Anthropic Messages) must turn
+# into an error event the agent's SDK raises on: (the events after some text, the error's words).
+DONE = b"data: [DONE]\n\n"
+BROKEN_STREAM_ENDS = [
+    pytest.param([DONE], "the upstream stream ended before the answer finished", id="no-finish-reason"),
+    pytest.param([b"data: [1, 2]\n\n", DONE], "not a JSON object: \\[1, 2\\]", id="not-an-object"),
+    pytest.param([b'data: {"choices": [1]}\n\n', DONE], "not a chat completion stream", id="not-a-chunk"),
+    pytest.param(
+        [
+            sse_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            sse_event({"choices": [], "usage": [1, 2]}),
+            DONE,
+        ],
+        "not a chat completion stream",
+        id="usage-not-an-object",
+    ),
+]

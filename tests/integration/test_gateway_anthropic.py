@@ -16,6 +16,7 @@ from typing import Any
 import anthropic
 import pytest
 from gateway_support import (
+    BROKEN_STREAM_ENDS,
     GatewayEnv,
     RawUpstream,
     assert_matches,
@@ -214,23 +215,7 @@ async def test_a_whole_answer_that_is_not_a_chat_completion_is_a_502(payload: An
         assert call.error is not None
 
 
-@pytest.mark.parametrize(
-    ("rest", "match"),
-    [
-        ([b"data: [DONE]\n\n"], "the upstream stream ended before the answer finished"),
-        ([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], "not a JSON object: \\[1, 2\\]"),
-        ([b'data: {"choices": [1]}\n\n', b"data: [DONE]\n\n"], "not a chat completion stream"),
-        (
-            [
-                sse_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-                sse_event({"choices": [], "usage": [1, 2]}),
-                b"data: [DONE]\n\n",
-            ],
-            "not a chat completion stream",
-        ),
-    ],
-    ids=["no-finish-reason", "not-an-object", "not-a-chunk", "usage-not-an-object"],
-)
+@pytest.mark.parametrize(("rest", "match"), BROKEN_STREAM_ENDS)
 async def test_a_stream_cut_short_or_malformed_upstream_ends_with_an_error_event(
     rest: list[bytes], match: str
 ) -> None:

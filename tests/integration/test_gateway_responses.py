@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from gateway_support import (
+    BROKEN_STREAM_ENDS,
     GatewayEnv,
     RawUpstream,
     assert_matches,
@@ -270,23 +271,7 @@ HEL = sse_event(
 )
 
 
-@pytest.mark.parametrize(
-    ("rest", "match"),
-    [
-        ([b"data: [DONE]\n\n"], "the upstream stream ended before the answer finished"),
-        ([b"data: [1, 2]\n\n", b"data: [DONE]\n\n"], "not a JSON object: \\[1, 2\\]"),
-        ([b'data: {"choices": [1]}\n\n', b"data: [DONE]\n\n"], "not a chat completion stream"),
-        (
-            [
-                sse_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
-                sse_event({"choices": [], "usage": [1, 2]}),
-                b"data: [DONE]\n\n",
-            ],
-            "not a chat completion stream",
-        ),
-    ],
-    ids=["no-finish-reason", "not-an-object", "not-a-chunk", "usage-not-an-object"],
-)
+@pytest.mark.parametrize(("rest", "match"), BROKEN_STREAM_ENDS)
 async def test_a_stream_cut_short_or_malformed_upstream_makes_the_sdk_raise(
     rest: list[bytes], match: str
 ) -> None:
