@@ -63,7 +63,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\ninterrupted: the demo stopped; run it again to start over", file=sys.stderr)
+        again = (
+            f"run it again with --run-dir {args.run_dir} to continue from the stages it finished"
+            if args.run_dir is not None
+            else "run it again to start a new run (with --run-dir DIR a run can be continued)"
+        )
+        print(f"\ninterrupted: the demo stopped; {again}", file=sys.stderr)
         return 130
     return result
 
