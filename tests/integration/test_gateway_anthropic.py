@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +32,6 @@ CURL_SCRIPT = Path(__file__).with_name("gateway_curl.sh")
 TOOLS: Any = [
     {"name": "add", "description": "Add numbers.", "input_schema": {"type": "object", "properties": {}}}
 ]
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[ScriptedOpenAIServer]:
-    async with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def env(upstream: ScriptedOpenAIServer) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env([upstream.url]) as env:
-        yield env
 
 
 def anthropic_base(base_url: str) -> str:

@@ -4,7 +4,7 @@ cancellation on disconnect, backpressure from a slow store, empty bodies."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import httpx
 import openai
@@ -19,12 +19,6 @@ from fulgor.testing import ScriptedOpenAIServer, ScriptedReply
 from fulgor.types import Attempt, Span
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[ScriptedOpenAIServer]:
-    async with ScriptedOpenAIServer() as server:
-        yield server
 
 
 async def test_unknown_and_finished_rollouts_are_refused_with_a_clear_message(

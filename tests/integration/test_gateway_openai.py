@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
-import pytest
-from gateway_support import GatewayEnv, assert_matches, gateway_env
+from gateway_support import GatewayEnv, assert_matches
 
 from fulgor.testing import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
 
@@ -30,18 +28,6 @@ TOOLS: Any = [
         },
     }
 ]
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[ScriptedOpenAIServer]:
-    async with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def env(upstream: ScriptedOpenAIServer) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env([upstream.url]) as env:
-        yield env
 
 
 async def test_sync_client_chat_is_recorded_with_the_sampled_ids(

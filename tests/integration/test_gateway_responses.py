@@ -9,7 +9,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +45,6 @@ TOOLS: Any = [
         "strict": True,
     }
 ]
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[ScriptedOpenAIServer]:
-    async with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def env(upstream: ScriptedOpenAIServer) -> AsyncIterator[GatewayEnv]:
-    async with gateway_env([upstream.url]) as env:
-        yield env
 
 
 def client_for(base_url: str, api_key: str = "unused") -> openai.AsyncOpenAI:
