@@ -476,6 +476,10 @@ def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
     It also works when the caller's thread already runs an event loop (a notebook).
     """
     started = threading.Event()
+    # Waited on instead of thread.join(): on Python 3.11 a KeyboardInterrupt that lands inside
+    # join() can mark the thread as stopped while it runs (CPython issue #90882), and the next
+    # join() would return at once, before the services had stopped.
+    finished = threading.Event()
     running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[T]]] = []
     outcome: list[T] = []
     failure: list[BaseException] = []
@@ -494,19 +498,22 @@ def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
             failure.append(error)
         finally:
             started.set()
+            finished.set()
 
     thread = threading.Thread(target=target, name="fulgor-trainer")
     thread.start()
     try:
-        thread.join()
+        finished.wait()
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping runners, server and engine")
         started.wait()
         for loop, task in running:
             with contextlib.suppress(RuntimeError):  # the loop already finished
                 loop.call_soon_threadsafe(task.cancel)
+        finished.wait()
         thread.join()
         raise
+    thread.join()
     if failure:
         raise failure[0]
     return outcome[0]
