@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import torch
 
+from fulgor.engine.app import create_app
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
-from fulgor.engine.server import create_app
 from fulgor.net.asgi import ServerThread
 
 TARGET_SPEEDUP = 3.0

@@ -40,12 +40,11 @@ from fulgor.types import (
     Span,
     Worker,
 )
+from fulgor.version import __version__
 
 if TYPE_CHECKING:
     from fulgor.algorithms.grpo import GRPO
     from fulgor.training import Trainer
-
-__version__ = "0.1.0"
 
 # Loaded on first use, so that `import fulgor` stays small.
 _LAZY = {"GRPO": "fulgor.algorithms.grpo", "Trainer": "fulgor.training"}

@@ -20,10 +20,10 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 from tests.engine_support import ADD_TOOL, until  # noqa: E402
 
+from fulgor.engine.app import create_app  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
 from fulgor.engine.scheduler import Event, FinishEvent  # noqa: E402
-from fulgor.engine.server import create_app  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

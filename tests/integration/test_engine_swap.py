@@ -22,11 +22,11 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 from tests.engine_support import ADD_TOOL  # noqa: E402
 
+from fulgor.engine.app import create_app  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
 from fulgor.engine.models import init_model  # noqa: E402
 from fulgor.engine.prompts import chat_prompt_ids  # noqa: E402
 from fulgor.engine.protocol import ChatCompletionRequest  # noqa: E402
-from fulgor.engine.server import create_app  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

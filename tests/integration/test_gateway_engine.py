@@ -20,9 +20,9 @@ import openai
 import torch
 from gateway_support import GatewayEnv, gateway_env
 
+from fulgor.engine.app import create_app
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
-from fulgor.engine.server import create_app
 from fulgor.net.asgi import ServerThread
 from fulgor.types import ModelCall
 

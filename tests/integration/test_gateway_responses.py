@@ -368,9 +368,9 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """fulgor's local engine serving a tiny model on CPU."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from fulgor.engine.app import create_app
     from fulgor.engine.local import EngineConfig, LocalEngine
     from fulgor.engine.models import init_model
-    from fulgor.engine.server import create_app
     from fulgor.net.asgi import ServerThread
 
     model_dir = init_model(tmp_path_factory.mktemp("responses-engine") / "tiny", "tiny", seed=0)

@@ -447,7 +447,7 @@ def _store(url: str, token: str | None) -> Iterator[Check]:
 
 def _store_server(url: str, token: str | None) -> Check:
     import fulgor
-    from fulgor.store import _api as api
+    from fulgor.store import http_api as api
 
     try:
         status, body = _get(f"{url}/healthz")

@@ -46,8 +46,8 @@ def _serve_local(args: argparse.Namespace) -> int:
 
     torch = require_torch()  # its ImportError names the extra to install
 
+    from fulgor.engine.app import create_app
     from fulgor.engine.local import EngineConfig, LocalEngine
-    from fulgor.engine.server import create_app
     from fulgor.net.asgi import ServerThread
     from fulgor.net.sockets import bind_socket
 

@@ -1,4 +1,4 @@
-"""``fulgor serve``: the store (and OTLP span ingestion) over HTTP for runners, gateways and agents.
+"""``fulgor serve``: the server (store API, OTLP span ingestion, with ``--upstream`` the gateway) over HTTP.
 
 Prints ``http://HOST:PORT`` as the first line of stdout once the port is bound (the real port with
 ``--port 0``), serves until SIGINT or SIGTERM, then closes the store and releases the port.
@@ -58,9 +58,9 @@ def resolve_token(token_file: Path | None) -> str | None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
+        from fulgor import server
         from fulgor.net.asgi import serve_forever
         from fulgor.net.sockets import bind_socket, url_of
-        from fulgor.store import server
         from fulgor.store.sync import open_store
 
         token = resolve_token(args.token_file)
@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
         store = open_store(args.store)
         try:
             gateway = build_gateway(args, store, token) if args.upstream else None
-            app = server.create_app(server.ServerConfig(store=store, token=token), gateway=gateway)
+            app = server.create_app(server.ServerConfig(store=store, gateway=gateway, token=token))
             sock = bind_socket(args.host, args.port)
         except BaseException:
             close_store(store)
@@ -82,5 +82,5 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
-    serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.state.fulgor.draining.begin)
+    serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.draining.begin)
     return 0

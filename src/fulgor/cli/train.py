@@ -320,7 +320,7 @@ def _require_extras() -> None:
     from fulgor.engine.loading import require_torch
 
     require_torch()
-    for module in ("fulgor.gateway", "fulgor.store.server"):  # each names fulgor[server] when missing
+    for module in ("fulgor.gateway", "fulgor.engine.app"):  # each names fulgor[server] when missing
         importlib.import_module(module)
 
 

@@ -2,7 +2,7 @@
 
 Both return the exact token ids and logprobs they sampled and take new weights without a restart.
 ``import fulgor.engine`` stays light: torch, transformers and FastAPI load inside the functions and
-modules that need them (``fulgor.engine.server`` needs the ``server`` extra).
+modules that need them (``fulgor.engine.app`` needs the ``server`` extra).
 """
 
 from __future__ import annotations

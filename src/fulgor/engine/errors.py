@@ -1,6 +1,6 @@
 """The engine's errors: one subtree under :class:`fulgor.errors.FulgorError`.
 
-Servers map these to HTTP statuses (see :mod:`fulgor.engine.server`); the errors themselves know
+Servers map these to HTTP statuses (see :mod:`fulgor.engine.app`); the errors themselves know
 nothing about HTTP.
 """
 

@@ -2,7 +2,7 @@
 
 ``LocalEngine`` turns token ids into sampled token ids with logprobs, batching concurrent requests
 on one generation thread (:mod:`fulgor.engine.scheduler`), and swaps in new weights between batches
-without a restart. The OpenAI-compatible HTTP API over it lives in :mod:`fulgor.engine.server`;
+without a restart. The OpenAI-compatible HTTP API over it lives in :mod:`fulgor.engine.app`;
 start both with ``fulgor engine --model DIR``.
 
 This module does not know HTTP or the OpenAI formats.

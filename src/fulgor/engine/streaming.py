@@ -18,8 +18,7 @@ from typing import Any
 
 from fulgor.engine.errors import EngineError
 from fulgor.engine.local import LocalEngine
-from fulgor.engine.protocol import ChatCompletionRequest, CompletionRequest
-from fulgor.engine.responses import (
+from fulgor.engine.output import (
     ResponseContext,
     chat_finish_reason,
     chat_logprobs,
@@ -27,6 +26,7 @@ from fulgor.engine.responses import (
     parse_chat_output,
     usage,
 )
+from fulgor.engine.protocol import ChatCompletionRequest, CompletionRequest
 from fulgor.engine.sampling import SamplingParams
 from fulgor.engine.scheduler import FinishEvent, TokenEvent
 

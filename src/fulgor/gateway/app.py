@@ -37,9 +37,9 @@ from fulgor.gateway.errors import (
     UnauthorizedError,
 )
 from fulgor.gateway.extract import Endpoint
+from fulgor.gateway.guard import RolloutGuard
 from fulgor.gateway.proxy import Api, CallContext, forward_call
 from fulgor.gateway.recorder import CallRecord, Recorder
-from fulgor.gateway.rollouts import RolloutGuard
 from fulgor.gateway.upstreams import UpstreamPool
 from fulgor.net.http_client import HttpClient
 from fulgor.store.base import Store

@@ -44,7 +44,7 @@ from fulgor.errors import (
     ValidationError,
 )
 from fulgor.net.http_client import HttpClient, split_url
-from fulgor.store import _api as api
+from fulgor.store import http_api as api
 from fulgor.store import _rules as rules
 from fulgor.types import (
     Attempt,

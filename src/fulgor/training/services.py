@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from fulgor.agent.base import Runnable
 from fulgor.runner.worker import RunnerConfig
@@ -96,14 +96,14 @@ async def start_services(
 
     With ``owns_store`` the store is closed last; without, it is left open for its owner.
     """
+    from fulgor.engine.app import create_app as create_engine_app
     from fulgor.engine.local import LocalEngine
-    from fulgor.engine.server import create_app as create_engine_app
     from fulgor.gateway import GatewayConfig, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
-    from fulgor.store.server import ServerConfig, create_app
+    from fulgor.server import ServerConfig, create_app
 
     async with contextlib.AsyncExitStack() as stack:
-        if owns_store:  # closed last: the server's lifespan gets a store it cannot close
+        if owns_store:  # closed last, after the server that serves it
             stack.push_async_callback(store.close)
         engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
         engine_server = ServerThread(create_engine_app(engine))
@@ -112,33 +112,14 @@ async def start_services(
         gateway = create_gateway_app(
             store, [engine_url], GatewayConfig(model_version=str(engine.model_version))
         )
-        app = create_app(ServerConfig(store=_Unclosable.wrap(store)), gateway=gateway)
-        server_url = await stack.enter_async_context(
-            serve_asgi(app, on_shutdown=app.state.fulgor.draining.begin)
-        )
+        # The session closes the store itself (last) when it owns it, else leaves it to its owner.
+        app = create_app(ServerConfig(store=store, gateway=gateway, close_store=False))
+        server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
         runner_config = replace(runner_config, gateway_url=server_url)
         runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
         stack.push_async_callback(runners.stop)
         logger.info("engine at %s, store and gateway at %s", engine_url, server_url)
         yield Services(store, engine, gateway, server_url, engine_url, runners)
-
-
-class _Unclosable:
-    """``store`` as the store server gets it: the server closes the store it serves when it stops,
-    but a session's store is closed by the session when it opened it, else left to its owner."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-
-    @classmethod
-    def wrap(cls, store: Store) -> Store:
-        return cast(Store, cls(store))  # a Store by delegation, which a Protocol check cannot see
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def close(self) -> None:
-        """Leave the store open."""
 
 
 async def open_run_store(run_dir: Path) -> Store:

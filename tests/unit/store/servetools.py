@@ -1,6 +1,6 @@
 """A store served over HTTP for tests: a real uvicorn server on loopback, on its own thread.
 
-``serve_sqlite`` puts a SqliteStore (on the test's clock) behind ``fulgor.store.server`` and
+``serve_sqlite`` puts a SqliteStore (on the test's clock) behind ``fulgor.server`` and
 returns a StoreClient for it; closing the client also stops the server and closes the store.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fulgor.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store.client import StoreClient
-from fulgor.store.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store.sqlite import SqliteStore
 
 

@@ -29,19 +29,26 @@ from collections.abc import Sequence
 from typing import Any
 
 import pydantic
-from fastapi import APIRouter
-from starlette.requests import Request
-from starlette.responses import Response
 
 from fulgor.errors import StoreError, StoreUnavailableError, ValidationError
 from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID
-from fulgor.store import _api as api
+from fulgor.server.http import (
+    JSON,
+    Answer,
+    Receive,
+    RequestTooLargeError,
+    Scope,
+    UnsupportedMediaTypeError,
+    header,
+    read_body,
+)
+from fulgor.server.routing import Route
 from fulgor.store import _rules as rules
-from fulgor.store import _serving as serving
+from fulgor.store import http_api as api
 from fulgor.store.base import Store
 from fulgor.types import Span, SpanEvent, SpanStatus
 
-__all__ = ["decode_json", "decode_protobuf", "otlp_router", "spans_from_otlp"]
+__all__ = ["decode_json", "decode_protobuf", "otlp_route", "spans_from_otlp"]
 
 PROTOBUF = "application/x-protobuf"
 _STATUS_CODES = {0: "unset", 1: "ok", 2: "error", "STATUS_CODE_UNSET": "unset", "STATUS_CODE_OK": "ok"}
@@ -68,7 +75,7 @@ def decode_protobuf(body: bytes) -> dict[str, Any]:
         from google.protobuf.message import DecodeError
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     except ImportError:
-        raise serving.UnsupportedMediaTypeError(
+        raise UnsupportedMediaTypeError(
             "protobuf OTLP needs opentelemetry-proto: pip install 'fulgor[server]', or export OTLP/JSON"
         ) from None
     message = ExportTraceServiceRequest()
@@ -242,57 +249,49 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding != "gzip":
-        raise serving.UnsupportedMediaTypeError(f"Content-Encoding {encoding!r} is not supported; use gzip")
+        raise UnsupportedMediaTypeError(f"Content-Encoding {encoding!r} is not supported; use gzip")
     inflater = zlib.decompressobj(wbits=31)
     try:
         data = inflater.decompress(body, limit + 1)
     except zlib.error as error:
         raise ValidationError(f"body is not valid gzip: {error}") from None
     if len(data) > limit:
-        raise serving.RequestTooLargeError(
-            f"decompressed body is larger than {limit} bytes; export fewer spans"
-        )
+        raise RequestTooLargeError(f"decompressed body is larger than {limit} bytes; export fewer spans")
     return data
 
 
-def otlp_router() -> APIRouter:
-    """``POST /v1/traces``: the OTLP/HTTP trace endpoint."""
-    router = APIRouter(tags=["otlp"])
+def otlp_route(store: Store, max_body_bytes: int) -> Route:
+    """``POST /v1/traces``: the OTLP/HTTP trace endpoint, storing into ``store``."""
 
-    async def export_traces(request: Request) -> Response:
-        return (await serving.guarded(lambda: _export(request))).response()
+    async def export_traces(scope: Scope, receive: Receive, params: dict[str, str]) -> Answer:
+        content_type = (header(scope, b"content-type") or b"").decode("latin-1")
+        content_type = content_type.split(";")[0].strip().lower()
+        if content_type not in (PROTOBUF, JSON):
+            raise UnsupportedMediaTypeError(
+                f"Content-Type {content_type or '(none)'!r} is not OTLP; send {PROTOBUF} or {JSON}"
+            )
+        encoding = (header(scope, b"content-encoding") or b"").decode("latin-1")
+        body = _decompress(await read_body(receive, max_body_bytes), encoding, max_body_bytes)
+        document = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
+        fallback = (_text_header(scope, _ROLLOUT_HEADER), _text_header(scope, _ATTEMPT_HEADER))
+        spans, problems = spans_from_otlp(document, fallback)
+        rejected, store_problems = await store_spans(store, spans)
+        problems += store_problems
+        return _export_response(content_type, problems, rejected + len(problems) - len(store_problems))
 
-    router.add_api_route(
-        "/v1/traces",
-        export_traces,
-        methods=["POST"],
-        name="otlp_traces",
-        operation_id="otlp_traces",
-        summary="OTLP/HTTP trace export (protobuf or JSON)",
-        openapi_extra=_OPENAPI,
-    )
-    return router
-
-
-async def _export(request: Request) -> serving.Answer:
-    state = request.app.state.fulgor
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in (PROTOBUF, serving.JSON):
-        raise serving.UnsupportedMediaTypeError(
-            f"Content-Type {content_type or '(none)'!r} is not OTLP; send {PROTOBUF} or {serving.JSON}"
-        )
-    body = _decompress(
-        await request.body(), request.headers.get("content-encoding", ""), state.config.max_body_bytes
-    )
-    document = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
-    fallback = (request.headers.get(api.ROLLOUT_HEADER), request.headers.get(api.ATTEMPT_HEADER))
-    spans, problems = spans_from_otlp(document, fallback)
-    rejected, store_problems = await store_spans(state.store, spans)
-    problems += store_problems
-    return _export_response(content_type, problems, rejected + len(problems) - len(store_problems))
+    return Route("POST", "/v1/traces", export_traces, operation=_OPENAPI)
 
 
-def _export_response(content_type: str, problems: list[str], rejected: int) -> serving.Answer:
+_ROLLOUT_HEADER = api.ROLLOUT_HEADER.lower().encode("latin-1")
+_ATTEMPT_HEADER = api.ATTEMPT_HEADER.lower().encode("latin-1")
+
+
+def _text_header(scope: Scope, name: bytes) -> str | None:
+    value = header(scope, name)
+    return None if value is None else value.decode("latin-1")
+
+
+def _export_response(content_type: str, problems: list[str], rejected: int) -> Answer:
     message = "; ".join(problems[:10])
     if content_type == PROTOBUF:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
@@ -301,15 +300,18 @@ def _export_response(content_type: str, problems: list[str], rejected: int) -> s
         if problems:
             response.partial_success.rejected_spans = rejected
             response.partial_success.error_message = message
-        return serving.Answer(200, response.SerializeToString(), media_type=PROTOBUF.encode())
+        return Answer(200, response.SerializeToString(), media_type=PROTOBUF.encode())
     partial = (
         {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": message}} if problems else {}
     )
-    return serving.Answer(200, json.dumps(partial).encode())
+    return Answer(200, json.dumps(partial).encode())
 
 
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
 _OPENAPI: dict[str, Any] = {
+    "tags": ["otlp"],
+    "summary": "OTLP/HTTP trace export (protobuf or JSON)",
+    "operationId": "otlp_traces",
     "requestBody": {
         "required": True,
         "content": {

@@ -12,15 +12,15 @@ from typing import Any
 
 import httpx
 import pytest
-from servetools import ServedStore, serve_sqlite
-from storetools import FakeClock, request, span
+from tests.unit.store.servetools import ServedStore, serve_sqlite
+from tests.unit.store.storetools import FakeClock, request, span
 
 from fulgor.errors import ConfigError, InvalidTransitionError, NotFoundError, StoreUnavailableError
 from fulgor.net.sockets import bind_socket
-from fulgor.store._serving import Draining
+from fulgor.server import BackgroundServer, ServerConfig, check_bind, create_app
+from fulgor.server.draining import Draining
 from fulgor.store.client import StoreClient, StoreServerError
 from fulgor.store.memory import MemoryStore
-from fulgor.store.server import BackgroundServer, ServerConfig, check_bind, create_app
 
 TOKEN = "s3cret-token"
 

@@ -14,9 +14,9 @@ import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from storetools import request, span
 
+from fulgor.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store import SyncStore, open_store
 from fulgor.store.client import StoreClient, StoreUnreachableError
-from fulgor.store.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store.sqlite import SqliteStore
 
 

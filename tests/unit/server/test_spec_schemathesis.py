@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import positive_data_acceptance  # noqa: E402
 from starlette.types import Receive, Scope, Send  # noqa: E402
 
-from fulgor.store.server import ServerConfig, create_app  # noqa: E402
+from fulgor.server import ServerConfig, create_app  # noqa: E402
 from fulgor.store.sqlite import SqliteStore  # noqa: E402
 
 # Every default check except positive_data_acceptance: some schema-valid inputs are rightly refused

@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
-from storetools import request
+from tests.unit.store.storetools import request
 
 from fulgor.errors import StoreUnavailableError
+from fulgor.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store import SyncStore
 from fulgor.store.client import StoreClient
 from fulgor.store.memory import MemoryStore
-from fulgor.store.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store.sqlite import SqliteStore
 from fulgor.types import AttemptedRollout
 

@@ -18,10 +18,15 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+try:
+    from fastapi import APIRouter, FastAPI, Header, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        f"the engine's HTTP API needs FastAPI ({error.name} is missing): pip install 'fulgor[server]'"
+    ) from error
 
 from fulgor.engine.errors import (
     AdminAuthError,
@@ -32,9 +37,9 @@ from fulgor.engine.errors import (
     UnknownModelError,
 )
 from fulgor.engine.local import LocalEngine
+from fulgor.engine.output import ResponseContext, chat_choice, completion_choice, usage
 from fulgor.engine.prompts import chat_prompt_ids, completion_prompt_ids
 from fulgor.engine.protocol import ChatCompletionRequest, CompletionRequest, WeightSwapRequest
-from fulgor.engine.responses import ResponseContext, chat_choice, completion_choice, usage
 from fulgor.engine.sampling import SamplingParams
 from fulgor.engine.scheduler import FinishEvent
 from fulgor.engine.streaming import chat_stream, completion_stream

@@ -1,0 +1,34 @@
+"""ServerConfig: what the server serves and how, as plain typed values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fulgor.store.base import Store
+
+if TYPE_CHECKING:
+    from fulgor.gateway import Gateway
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass
+class ServerConfig:
+    """What the server serves (a store and, optionally, the gateway) and its limits.
+
+    The app starts and closes the ``gateway`` with itself, and closes ``store`` on shutdown unless
+    ``close_store`` is off (a store its caller goes on using). ``token``: when set, every route but
+    ``/healthz`` and ``/openapi.json`` needs ``Authorization: Bearer TOKEN`` (the gateway checks the
+    run's key itself). Request bodies over ``max_body_bytes`` get 413; long-polls are held at most
+    ``max_wait_seconds`` (clients ask again); the ``idempotency_entries`` most recent
+    ``Idempotency-Key`` answers are remembered.
+    """
+
+    store: Store
+    gateway: Gateway | None = None
+    token: str | None = field(default=None, repr=False)
+    close_store: bool = True
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_wait_seconds: float = 30.0
+    idempotency_entries: int = 10_000
