@@ -27,6 +27,7 @@ from fulgor.types import (
     JsonDict,
     PromptTemplate,
     Resources,
+    ResourcesVersion,
     Rollout,
     RolloutConfig,
     RolloutRequest,
@@ -229,6 +230,25 @@ def check_resources(resources: Resources, resources_id: str | None) -> None:
             raise ValidationError(f"resources[{name!r}] must be an LLM or a PromptTemplate keyed by a string")
         if isinstance(resource, LLM):
             check_json(resource.sampling_parameters, f"resources[{name!r}].sampling_parameters")
+
+
+def check_cancellable(rollouts: Sequence[Rollout]) -> None:
+    """A succeeded or failed rollout cannot be cancelled; then none of ``rollouts`` is."""
+    for rollout in rollouts:
+        if rollout.status in ("succeeded", "failed"):
+            raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "cancelled")
+
+
+def resources_version(
+    resources: Resources, resources_id: str | None, version: int, now: float
+) -> ResourcesVersion:
+    """The stored form of a ``put_resources``: version ``version``, named ``resources-N`` unless named."""
+    return ResourcesVersion(
+        resources_id=resources_id or f"resources-{version}",
+        version=version,
+        resources=resources,
+        create_time=now,
+    )
 
 
 def statuses_filter(status: str | Sequence[str] | None) -> frozenset[str] | None:

@@ -45,7 +45,7 @@ from fulgor.errors import (
 )
 from fulgor.net.http_client import HttpClient, split_url
 from fulgor.store import http_api as api
-from fulgor.store import _rules as rules
+from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     Attempt,
     AttemptedRollout,
@@ -56,7 +56,6 @@ from fulgor.types import (
     Rollout,
     RolloutMode,
     RolloutRequest,
-    RolloutStatus,
     Span,
     StoreStats,
     Worker,
@@ -92,7 +91,7 @@ class StoreServerError(StoreError):
         self.code = code
 
 
-class StoreClient:
+class StoreClient(ValidatedStore):
     """A :class:`~fulgor.store.base.Store` whose state lives behind ``fulgor serve`` at ``url``.
 
     ``token`` defaults to the ``FULGOR_TOKEN`` environment variable. One client may be shared by
@@ -130,18 +129,15 @@ class StoreClient:
 
     # -- rollouts ---------------------------------------------------------------------------------
 
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        rules.check_requests(requests)
+    async def _enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         body = _object(requests=_models("requests", requests))
         return await self._call("POST", "/rollouts", api.ROLLOUTS, body, idempotent=True)
 
-    async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
-        rules.check_requests([request])
+    async def _start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
         body = _object(request=_model("request", request), worker_id=_plain("worker_id", worker_id))
         return await self._call("POST", "/rollouts/start", api.ATTEMPTED, body, idempotent=True)
 
-    async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
-        rules.check_seconds(wait_seconds, "wait_seconds")  # the loop below needs a real deadline
+    async def _claim(self, worker_id: str, limit: int, wait_seconds: float) -> list[AttemptedRollout]:
         deadline = time.monotonic() + wait_seconds
         while True:
             chunk = max(0.0, min(deadline - time.monotonic(), self.long_poll_seconds))
@@ -156,47 +152,42 @@ class StoreClient:
             if claimed or time.monotonic() >= deadline:
                 return claimed
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
+    async def _get_rollout(self, rollout_id: str) -> Rollout:
         return await self._call("GET", f"/rollouts/{_id(rollout_id)}", api.ROLLOUT)
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: RolloutMode | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        order: Literal["asc", "desc"] = "asc",
+        statuses: frozenset[str] | None,
+        group_id: str | None,
+        mode: RolloutMode | None,
+        limit: int | None,
+        offset: int,
+        order: Literal["asc", "desc"],
     ) -> list[Rollout]:
-        statuses: list[str] | None = None
-        if status is not None:
-            # One empty value stands for an empty list of statuses, which matches nothing.
-            statuses = [status] if isinstance(status, str) else [str(s) for s in status] or [""]
-        query = _query(status=statuses, group_id=group_id, mode=mode, limit=limit, offset=offset, order=order)
+        # One empty value stands for an empty set of statuses, which matches nothing.
+        status = None if statuses is None else sorted(statuses) or [""]
+        query = _query(status=status, group_id=group_id, mode=mode, limit=limit, offset=offset, order=order)
         return await self._call("GET", f"/rollouts{query}", api.ROLLOUTS)
 
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+    async def _cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         body = _object(rollout_ids=_plain("rollout_ids", list(rollout_ids)))
         return await self._call("POST", "/rollouts/cancel", api.ROLLOUTS, body, idempotent=True)
 
-    async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
+    async def _start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
         body = _object(worker_id=_plain("worker_id", worker_id))
         path = f"/rollouts/{_id(rollout_id)}/attempts"
         return await self._call("POST", path, api.ATTEMPTED, body, idempotent=True)
 
     # -- attempts ---------------------------------------------------------------------------------
 
-    async def update_attempt(
+    async def _update_attempt(
         self,
         rollout_id: str,
         attempt_id: str,
-        *,
-        status: AttemptStatus | None = None,
-        error: str | None = None,
-        metadata: JsonDict | None = None,
+        status: AttemptStatus | None,
+        error: str | None,
+        metadata: JsonDict | None,
     ) -> Attempt:
-        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         body = _object(
             status=_plain("status", status),
             error=_plain("error", error),
@@ -205,32 +196,29 @@ class StoreClient:
         path = f"/rollouts/{_id(rollout_id)}/attempts/{_id(attempt_id)}"
         return await self._call("PATCH", path, api.ATTEMPT, body, idempotent=True)
 
-    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+    async def _list_attempts(self, rollout_id: str) -> list[Attempt]:
         return await self._call("GET", f"/rollouts/{_id(rollout_id)}/attempts", api.ATTEMPTS)
 
     # -- spans ------------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+    async def _add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans in one request; a retry never duplicates (the store keeps one span per span_id)."""
-        rules.check_spans(spans)
         return await self._call("POST", "/spans", api.SPANS, _object(spans=_models("spans", spans)))
 
-    async def query_spans(
+    async def _query_spans(
         self,
         rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        name: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        attempt_id: str | Literal["latest"] | None,
+        name: str | None,
+        limit: int | None,
+        offset: int,
     ) -> list[Span]:
         query = _query(attempt_id=attempt_id, name=name, limit=limit, offset=offset)
         return await self._call("GET", f"/rollouts/{_id(rollout_id)}/spans{query}", api.SPANS)
 
     # -- resources --------------------------------------------------------------------------------
 
-    async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
-        rules.check_resources(resources, resources_id)
+    async def _put_resources(self, resources: Resources, resources_id: str | None) -> ResourcesVersion:
         items = b",".join(
             _plain("resources", name).encode() + b":" + _model(f"resources[{name!r}]", resource)
             for name, resource in resources.items()
@@ -238,28 +226,25 @@ class StoreClient:
         body = _object(resources=b"{" + items + b"}", resources_id=_plain("resources_id", resources_id))
         return await self._call("POST", "/resources", api.RESOURCES_VERSION, body, idempotent=True)
 
-    async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+    async def _get_resources(self, resources_id: str | None) -> ResourcesVersion | None:
         return await self._call(
             "GET", f"/resources{_query(resources_id=resources_id)}", api.MAYBE_RESOURCES_VERSION
         )
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(
-        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    async def _heartbeat(
+        self, worker_id: str, stats: JsonDict | None, attempt_ids: Sequence[str] | None
     ) -> Worker:
-        rules.check_heartbeat(worker_id, stats, attempt_ids)
         fields = {"worker_id": _plain("worker_id", worker_id), "stats": _plain("stats", stats)}
         if attempt_ids is not None:  # left out otherwise, so servers that predate it take the request
             fields["attempt_ids"] = _plain("attempt_ids", list(attempt_ids))
         return await self._call("POST", "/workers/heartbeat", api.WORKER, _object(**fields))
 
-    async def list_workers(self) -> list[Worker]:
+    async def _list_workers(self) -> list[Worker]:
         return await self._call("GET", "/workers", api.WORKERS)
 
-    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        rules.check_seconds(timeout_seconds, "timeout_seconds")  # the loop below needs a real deadline
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = _plain("rollout_ids", list(rollout_ids))
         deadline = time.monotonic() + timeout_seconds
         while True:
@@ -269,7 +254,7 @@ class StoreClient:
             if len(done) == len(rollout_ids) or time.monotonic() >= deadline:
                 return done
 
-    async def stats(self) -> StoreStats:
+    async def _stats(self) -> StoreStats:
         return await self._call("GET", "/stats", api.STATS)
 
     async def close(self) -> None:

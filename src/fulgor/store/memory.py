@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from fulgor.errors import InvalidTransitionError, NotFoundError, ValidationError
+from fulgor.errors import NotFoundError, ValidationError
 from fulgor.store import _rules as rules
 from fulgor.store.base import LATEST
+from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
     ROLLOUT_TERMINAL_STATUSES,
@@ -27,7 +28,6 @@ from fulgor.types import (
     Rollout,
     RolloutMode,
     RolloutRequest,
-    RolloutStatus,
     Span,
     StoreStats,
     Worker,
@@ -36,7 +36,7 @@ from fulgor.types import (
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore:
+class MemoryStore(ValidatedStore):
     """In-process store; see :class:`fulgor.store.base.Store` for the contract."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
@@ -56,9 +56,7 @@ class MemoryStore:
 
     # -- rollouts ---------------------------------------------------------------------------------
 
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        self._check_open()
-        rules.check_requests(requests)
+    async def _enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         self._sweep()
         now = self._clock()
         created = [rules.rollout_from_request(request, now) for request in requests]
@@ -70,19 +68,14 @@ class MemoryStore:
             self._signal.notify()
         return created
 
-    async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
-        self._check_open()
-        rules.check_requests([request])
-        rules.check_worker_id(worker_id)
+    async def _start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
         self._sweep()
         rollout = rules.rollout_from_request(request, self._clock())
         self._rollouts[rollout.rollout_id] = rollout
         self._attempts[rollout.rollout_id] = []
         return self._begin(rollout, worker_id)
 
-    async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
-        rules.check_claim_args(worker_id, limit, wait_seconds)
-
+    async def _claim(self, worker_id: str, limit: int, wait_seconds: float) -> list[AttemptedRollout]:
         async def claim_once() -> list[AttemptedRollout] | None:
             return self._claim_now(worker_id, limit) or None
 
@@ -91,26 +84,20 @@ class MemoryStore:
         )
         return claimed or []
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _get_rollout(self, rollout_id: str) -> Rollout:
         self._sweep()
         return self._rollout(rollout_id)
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: RolloutMode | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        order: Literal["asc", "desc"] = "asc",
+        statuses: frozenset[str] | None,
+        group_id: str | None,
+        mode: RolloutMode | None,
+        limit: int | None,
+        offset: int,
+        order: Literal["asc", "desc"],
     ) -> list[Rollout]:
-        rules.check_page(limit, offset, order)
-        if group_id is not None:
-            rules.check_text(group_id, "group_id")
         self._sweep()
-        statuses = rules.statuses_filter(status)
         rollouts = list(self._rollouts.values())
         if order == "desc":
             rollouts.reverse()
@@ -124,13 +111,10 @@ class MemoryStore:
         end = None if limit is None else offset + limit
         return matching[offset:end]
 
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         self._sweep()
         rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]
-        for rollout in rollouts:
-            if rollout.status in ("succeeded", "failed"):
-                raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "cancelled")
+        rules.check_cancellable(rollouts)
         now = self._clock()
         result = []
         for rollout in rollouts:
@@ -140,24 +124,20 @@ class MemoryStore:
         self._signal.notify()
         return result
 
-    async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_worker_id(worker_id)
+    async def _start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
         self._sweep()
         return self._begin(self._rollout(rollout_id), worker_id)
 
     # -- attempts ---------------------------------------------------------------------------------
 
-    async def update_attempt(
+    async def _update_attempt(
         self,
         rollout_id: str,
         attempt_id: str,
-        *,
-        status: AttemptStatus | None = None,
-        error: str | None = None,
-        metadata: JsonDict | None = None,
+        status: AttemptStatus | None,
+        error: str | None,
+        metadata: JsonDict | None,
     ) -> Attempt:
-        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         self._sweep()
         attempt = self._attempt(rollout_id, attempt_id)
         now = self._clock()
@@ -165,16 +145,14 @@ class MemoryStore:
         self._put_attempt(updated, now)
         return updated
 
-    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _list_attempts(self, rollout_id: str) -> list[Attempt]:
         self._sweep()
         self._rollout(rollout_id)
         return list(self._attempts[rollout_id])
 
     # -- spans ------------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        rules.check_spans(spans)
+    async def _add_spans(self, spans: Sequence[Span]) -> list[Span]:
         self._sweep()
         for span in spans:
             self._attempt(span.rollout_id, span.attempt_id)
@@ -185,16 +163,14 @@ class MemoryStore:
             self._touch(self._attempt(rollout_id, attempt_id), now, running=True)
         return stored
 
-    async def query_spans(
+    async def _query_spans(
         self,
         rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        name: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        attempt_id: str | Literal["latest"] | None,
+        name: str | None,
+        limit: int | None,
+        offset: int,
     ) -> list[Span]:
-        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         self._sweep()
         self._rollout(rollout_id)
         attempts = self._attempts[rollout_id]
@@ -213,35 +189,27 @@ class MemoryStore:
 
     # -- resources --------------------------------------------------------------------------------
 
-    async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
+    async def _put_resources(self, resources: Resources, resources_id: str | None) -> ResourcesVersion:
         self._check_open()
-        rules.check_resources(resources, resources_id)
         version = 1 if self._latest_resources is None else self._latest_resources.version + 1
-        stored = ResourcesVersion(
-            resources_id=resources_id or f"resources-{version}",
-            version=version,
-            resources=resources,
-            create_time=self._clock(),
-        )
+        stored = rules.resources_version(resources, resources_id, version, self._clock())
         self._resources[stored.resources_id] = stored
         self._latest_resources = stored
         return stored
 
-    async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+    async def _get_resources(self, resources_id: str | None) -> ResourcesVersion | None:
         self._check_open()
         if resources_id is None:
             return self._latest_resources
-        rules.check_text(resources_id, "resources_id")
         if resources_id not in self._resources:
             raise NotFoundError(f"resources {resources_id!r} not found")
         return self._resources[resources_id]
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(
-        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    async def _heartbeat(
+        self, worker_id: str, stats: JsonDict | None, attempt_ids: Sequence[str] | None
     ) -> Worker:
-        rules.check_heartbeat(worker_id, stats, attempt_ids)
         self._sweep()
         now = self._clock()
         worker = self._see_worker(worker_id, now, stats)
@@ -251,14 +219,12 @@ class MemoryStore:
                 self._touch(attempt, now, running=False)
         return worker
 
-    async def list_workers(self) -> list[Worker]:
+    async def _list_workers(self) -> list[Worker]:
         self._check_open()
         return list(self._workers.values())
 
-    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+    async def _wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         self._check_open()
-        rules.check_seconds(timeout_seconds, "timeout_seconds")
-        rules.check_ids(rollout_ids, "rollout_ids")
         for rollout_id in rollout_ids:
             self._rollout(rollout_id)
 
@@ -278,7 +244,7 @@ class MemoryStore:
             self._rollouts[r] for r in rollout_ids if self._rollouts[r].status in ROLLOUT_TERMINAL_STATUSES
         ]
 
-    async def stats(self) -> StoreStats:
+    async def _stats(self) -> StoreStats:
         self._sweep()
         rollouts: dict[str, int] = {}
         for rollout in self._rollouts.values():

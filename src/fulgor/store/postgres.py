@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from fulgor.errors import InvalidTransitionError, NotFoundError
+from fulgor.errors import NotFoundError
 from fulgor.store import _rules as rules
 from fulgor.store._postgres_db import Database, fetch
 from fulgor.store._rows import (
@@ -42,6 +42,7 @@ from fulgor.store._rows import (
     worker_from_row,
 )
 from fulgor.store.base import LATEST
+from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
     ROLLOUT_TERMINAL_STATUSES,
@@ -54,7 +55,6 @@ from fulgor.types import (
     Rollout,
     RolloutMode,
     RolloutRequest,
-    RolloutStatus,
     Span,
     StoreStats,
     Worker,
@@ -74,7 +74,7 @@ _OVERDUE = f"{_LIVE} AND (timeout_at <= %(now)s OR last_active_time + silence_se
 _LOCKED_RETRY_SECONDS = 0.005
 
 
-class PostgresStore:
+class PostgresStore(ValidatedStore):
     """Store in one PostgreSQL schema; see :class:`fulgor.store.base.Store` for the contract.
 
     ``conninfo`` is a libpq URL (``postgresql://USER:PASSWORD@HOST:PORT/DB``) or key=value string.
@@ -130,8 +130,7 @@ class PostgresStore:
 
     # -- rollouts ---------------------------------------------------------------------------------
 
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        rules.check_requests(requests)
+    async def _enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         now = self._clock()
         created = [rules.rollout_from_request(request, now) for request in requests]
 
@@ -152,9 +151,7 @@ class PostgresStore:
             self._signal.notify()
         return created
 
-    async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
-        rules.check_requests([request])
-        rules.check_worker_id(worker_id)
+    async def _start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
         rollout = rules.rollout_from_request(request, self._clock())
 
         async def insert(conn: Connection) -> AttemptedRollout:
@@ -167,37 +164,29 @@ class PostgresStore:
             await self._sweep(conn)
             return await self._db.transaction(conn, insert)
 
-    async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
-        rules.check_claim_args(worker_id, limit, wait_seconds)
-
+    async def _claim(self, worker_id: str, limit: int, wait_seconds: float) -> list[AttemptedRollout]:
         async def claim_once(conn: Connection) -> list[AttemptedRollout] | None:
             return await self._claim_now(conn, worker_id, limit) or None
 
         claimed = await self._wait_for(claim_once, wait_seconds)
         return claimed or []
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _get_rollout(self, rollout_id: str) -> Rollout:
         async with self._db.connection() as conn:
             await self._sweep(conn)
             return await self._rollout(conn, rollout_id)
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: RolloutMode | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        order: Literal["asc", "desc"] = "asc",
+        statuses: frozenset[str] | None,
+        group_id: str | None,
+        mode: RolloutMode | None,
+        limit: int | None,
+        offset: int,
+        order: Literal["asc", "desc"],
     ) -> list[Rollout]:
-        rules.check_page(limit, offset, order)
-        if group_id is not None:
-            rules.check_text(group_id, "group_id")
         clauses = ["TRUE"]
         params: list[Any] = []
-        statuses = rules.statuses_filter(status)
         if statuses is not None:
             clauses.append("status = ANY(%s)")
             params.append(sorted(statuses))
@@ -219,15 +208,12 @@ class PostgresStore:
             )
         return [rollout_from_row(row) for row in rows]
 
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         now = self._clock()
 
         async def cancel_all(conn: Connection) -> list[Rollout]:
             found = await self._locked_rollouts(conn, rollout_ids)
-            for rollout in found.values():
-                if rollout.status in ("succeeded", "failed"):
-                    raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "cancelled")
+            rules.check_cancellable(list(found.values()))
             for rollout_id, rollout in sorted(found.items()):
                 if rollout.status != "cancelled":
                     found[rollout_id] = await self._cancel_one(conn, rollout, now)
@@ -240,9 +226,7 @@ class PostgresStore:
         self._signal.notify()
         return result
 
-    async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_worker_id(worker_id)
+    async def _start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
 
         async def start(conn: Connection) -> AttemptedRollout:
             return await self._begin(conn, await self._rollout(conn, rollout_id, lock=True), worker_id)
@@ -253,16 +237,14 @@ class PostgresStore:
 
     # -- attempts ---------------------------------------------------------------------------------
 
-    async def update_attempt(
+    async def _update_attempt(
         self,
         rollout_id: str,
         attempt_id: str,
-        *,
-        status: AttemptStatus | None = None,
-        error: str | None = None,
-        metadata: JsonDict | None = None,
+        status: AttemptStatus | None,
+        error: str | None,
+        metadata: JsonDict | None,
     ) -> Attempt:
-        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         now = self._clock()
 
         async def update(conn: Connection) -> tuple[Attempt, bool]:
@@ -278,8 +260,7 @@ class PostgresStore:
             self._signal.notify()
         return updated
 
-    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _list_attempts(self, rollout_id: str) -> list[Attempt]:
         async with self._db.connection() as conn:
             await self._sweep(conn)
             await self._rollout(conn, rollout_id)
@@ -292,8 +273,7 @@ class PostgresStore:
 
     # -- spans ------------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        rules.check_spans(spans)
+    async def _add_spans(self, spans: Sequence[Span]) -> list[Span]:
         now = self._clock()
         keys = list(dict.fromkeys((span.rollout_id, span.attempt_id) for span in spans))
 
@@ -318,16 +298,14 @@ class PostgresStore:
             self._signal.notify()
         return stored
 
-    async def query_spans(
+    async def _query_spans(
         self,
         rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        name: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        attempt_id: str | Literal["latest"] | None,
+        name: str | None,
+        limit: int | None,
+        offset: int,
     ) -> list[Span]:
-        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         async with self._db.connection() as conn:
             await self._sweep(conn)
             rollout = await self._rollout(conn, rollout_id)
@@ -353,19 +331,13 @@ class PostgresStore:
 
     # -- resources --------------------------------------------------------------------------------
 
-    async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
-        rules.check_resources(resources, resources_id)
+    async def _put_resources(self, resources: Resources, resources_id: str | None) -> ResourcesVersion:
 
         async def put(conn: Connection) -> ResourcesVersion:
             # Versions are MAX + 1: one writer at a time, readers unaffected.
             await conn.execute("LOCK TABLE resources IN SHARE ROW EXCLUSIVE MODE")
             [(version,)] = await fetch(conn, "SELECT COALESCE(MAX(version), 0) + 1 FROM resources")
-            stored = ResourcesVersion(
-                resources_id=resources_id or f"resources-{version}",
-                version=version,
-                resources=resources,
-                create_time=self._clock(),
-            )
+            stored = rules.resources_version(resources, resources_id, version, self._clock())
             await conn.execute(
                 "INSERT INTO resources (resources_id, version, body) VALUES (%s, %s, %s) "
                 "ON CONFLICT (resources_id) DO UPDATE SET version = excluded.version, body = excluded.body",
@@ -376,9 +348,7 @@ class PostgresStore:
         async with self._db.connection() as conn:
             return await self._db.transaction(conn, put)
 
-    async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
-        if resources_id is not None:
-            rules.check_text(resources_id, "resources_id")
+    async def _get_resources(self, resources_id: str | None) -> ResourcesVersion | None:
         async with self._db.connection() as conn:
             if resources_id is None:
                 rows = await fetch(conn, "SELECT body FROM resources ORDER BY version DESC LIMIT 1")
@@ -390,10 +360,9 @@ class PostgresStore:
 
     # -- workers, waiting, stats ------------------------------------------------------------------
 
-    async def heartbeat(
-        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    async def _heartbeat(
+        self, worker_id: str, stats: JsonDict | None, attempt_ids: Sequence[str] | None
     ) -> Worker:
-        rules.check_heartbeat(worker_id, stats, attempt_ids)
         now = self._clock()
         mine = f"worker_id = %(worker)s AND {_LIVE}"
         if attempt_ids is not None:
@@ -410,14 +379,12 @@ class PostgresStore:
             await self._sweep(conn)
             return await self._db.transaction(conn, beat)
 
-    async def list_workers(self) -> list[Worker]:
+    async def _list_workers(self) -> list[Worker]:
         async with self._db.connection() as conn:
             rows = await fetch(conn, f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY seq")
         return [worker_from_row(row) for row in rows]
 
-    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        rules.check_seconds(timeout_seconds, "timeout_seconds")
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         async with self._db.connection() as conn:
             for rollout_id in rollout_ids:
                 await self._rollout(conn, rollout_id)
@@ -432,7 +399,7 @@ class PostgresStore:
         async with self._db.connection() as conn:
             return await self._terminal(conn, rollout_ids)
 
-    async def stats(self) -> StoreStats:
+    async def _stats(self) -> StoreStats:
         async with self._db.connection() as conn:
             await self._sweep(conn)
             # One statement reads one snapshot, so the counts agree with each other.

@@ -30,7 +30,6 @@ from typing import Any, Literal
 from fulgor.errors import (
     ConfigError,
     FulgorError,
-    InvalidTransitionError,
     NotFoundError,
     StoreUnavailableError,
     ValidationError,
@@ -47,6 +46,7 @@ from fulgor.store._rows import (
     worker_from_row,
 )
 from fulgor.store.base import LATEST
+from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
     ROLLOUT_TERMINAL_STATUSES,
@@ -59,7 +59,6 @@ from fulgor.types import (
     Rollout,
     RolloutMode,
     RolloutRequest,
-    RolloutStatus,
     Span,
     StoreStats,
     Worker,
@@ -138,7 +137,7 @@ _SWEEP_INTERVAL_SECONDS = 0.005
 _OVERDUE = f"{_LIVE} AND (timeout_at <= :now OR last_active_time + silence_seconds <= :now)"
 
 
-class SqliteStore:
+class SqliteStore(ValidatedStore):
     """Durable store in one SQLite file; see :class:`fulgor.store.base.Store` for the contract."""
 
     def __init__(
@@ -170,8 +169,7 @@ class SqliteStore:
 
     # -- rollouts ---------------------------------------------------------------------------------
 
-    async def enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        rules.check_requests(requests)
+    async def _enqueue(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         self._sweep()
         now = self._clock()
         created = [rules.rollout_from_request(request, now) for request in requests]
@@ -185,9 +183,7 @@ class SqliteStore:
             self._signal.notify()
         return created
 
-    async def start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
-        rules.check_requests([request])
-        rules.check_worker_id(worker_id)
+    async def _start_rollout(self, request: RolloutRequest, worker_id: str) -> AttemptedRollout:
         self._sweep()
         rollout = rules.rollout_from_request(request, self._clock())
         with self._write():
@@ -197,9 +193,7 @@ class SqliteStore:
             )
             return self._begin(rollout, worker_id)
 
-    async def claim(self, worker_id: str, limit: int = 1, wait_seconds: float = 0) -> list[AttemptedRollout]:
-        rules.check_claim_args(worker_id, limit, wait_seconds)
-
+    async def _claim(self, worker_id: str, limit: int, wait_seconds: float) -> list[AttemptedRollout]:
         async def claim_once() -> list[AttemptedRollout] | None:
             return self._claim_now(worker_id, limit) or None
 
@@ -208,28 +202,22 @@ class SqliteStore:
         )
         return claimed or []
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _get_rollout(self, rollout_id: str) -> Rollout:
         self._sweep()
         return self._rollout(rollout_id)
 
-    async def query_rollouts(
+    async def _query_rollouts(
         self,
-        *,
-        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
-        group_id: str | None = None,
-        mode: RolloutMode | None = None,
-        limit: int | None = None,
-        offset: int = 0,
-        order: Literal["asc", "desc"] = "asc",
+        statuses: frozenset[str] | None,
+        group_id: str | None,
+        mode: RolloutMode | None,
+        limit: int | None,
+        offset: int,
+        order: Literal["asc", "desc"],
     ) -> list[Rollout]:
-        rules.check_page(limit, offset, order)
-        if group_id is not None:
-            rules.check_text(group_id, "group_id")
         self._sweep()
         clauses: list[str] = []
         params: list[Any] = []
-        statuses = rules.statuses_filter(status)
         if statuses is not None:
             clauses.append(f"status IN ({','.join('?' * len(statuses))})")
             params.extend(sorted(statuses))
@@ -248,15 +236,12 @@ class SqliteStore:
         )
         return [rollout_from_row(row) for row in rows]
 
-    async def cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _cancel(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         self._sweep()
         now = self._clock()
         with self._write():
             rollouts = [self._rollout(rollout_id) for rollout_id in rollout_ids]
-            for rollout in rollouts:
-                if rollout.status in ("succeeded", "failed"):
-                    raise InvalidTransitionError("rollout", rollout.rollout_id, rollout.status, "cancelled")
+            rules.check_cancellable(rollouts)
             result = [
                 rollout if rollout.status == "cancelled" else self._cancel_one(rollout, now)
                 for rollout in rollouts
@@ -264,25 +249,21 @@ class SqliteStore:
         self._signal.notify()
         return result
 
-    async def start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
-        rules.check_text(rollout_id, "rollout_id")
-        rules.check_worker_id(worker_id)
+    async def _start_attempt(self, rollout_id: str, worker_id: str) -> AttemptedRollout:
         self._sweep()
         with self._write():
             return self._begin(self._rollout(rollout_id), worker_id)
 
     # -- attempts ---------------------------------------------------------------------------------
 
-    async def update_attempt(
+    async def _update_attempt(
         self,
         rollout_id: str,
         attempt_id: str,
-        *,
-        status: AttemptStatus | None = None,
-        error: str | None = None,
-        metadata: JsonDict | None = None,
+        status: AttemptStatus | None,
+        error: str | None,
+        metadata: JsonDict | None,
     ) -> Attempt:
-        error, metadata = rules.check_attempt_update(rollout_id, attempt_id, status, error, metadata)
         self._sweep()
         now = self._clock()
         with self._write():
@@ -293,8 +274,7 @@ class SqliteStore:
             self._signal.notify()
         return updated
 
-    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rules.check_text(rollout_id, "rollout_id")
+    async def _list_attempts(self, rollout_id: str) -> list[Attempt]:
         self._sweep()
         self._rollout(rollout_id)
         rows = self._read(
@@ -305,8 +285,7 @@ class SqliteStore:
 
     # -- spans ------------------------------------------------------------------------------------
 
-    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        rules.check_spans(spans)
+    async def _add_spans(self, spans: Sequence[Span]) -> list[Span]:
         self._sweep()
         now = self._clock()
         changed = False
@@ -360,16 +339,14 @@ class SqliteStore:
         ).fetchone()
         return Span.model_validate_json(row[0])
 
-    async def query_spans(
+    async def _query_spans(
         self,
         rollout_id: str,
-        attempt_id: str | Literal["latest"] | None = None,
-        *,
-        name: str | None = None,
-        limit: int | None = None,
-        offset: int = 0,
+        attempt_id: str | Literal["latest"] | None,
+        name: str | None,
+        limit: int | None,
+        offset: int,
     ) -> list[Span]:
-        rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
         self._sweep()
         rollout = self._rollout(rollout_id)
         clauses = ["rollout_id = ?"]
@@ -393,27 +370,20 @@ class SqliteStore:
 
     # -- resources --------------------------------------------------------------------------------
 
-    async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:
-        rules.check_resources(resources, resources_id)
+    async def _put_resources(self, resources: Resources, resources_id: str | None) -> ResourcesVersion:
         with self._write():
             (version,) = self._conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()
-            stored = ResourcesVersion(
-                resources_id=resources_id or f"resources-{version}",
-                version=version,
-                resources=resources,
-                create_time=self._clock(),
-            )
+            stored = rules.resources_version(resources, resources_id, version, self._clock())
             self._conn.execute(
                 "INSERT OR REPLACE INTO resources (resources_id, version, body) VALUES (?, ?, ?)",
                 (stored.resources_id, version, stored.model_dump_json()),
             )
         return stored
 
-    async def get_resources(self, resources_id: str | None = None) -> ResourcesVersion | None:
+    async def _get_resources(self, resources_id: str | None) -> ResourcesVersion | None:
         if resources_id is None:
             rows = self._read("SELECT body FROM resources ORDER BY version DESC LIMIT 1", ())
             return ResourcesVersion.model_validate_json(rows[0][0]) if rows else None
-        rules.check_text(resources_id, "resources_id")
         rows = self._read("SELECT body FROM resources WHERE resources_id = ?", (resources_id,))
         if not rows:
             raise NotFoundError(f"resources {resources_id!r} not found")
@@ -421,10 +391,9 @@ class SqliteStore:
 
     # -- workers, waiting, stats -------------------------------------------------------------------
 
-    async def heartbeat(
-        self, worker_id: str, stats: JsonDict | None = None, attempt_ids: Sequence[str] | None = None
+    async def _heartbeat(
+        self, worker_id: str, stats: JsonDict | None, attempt_ids: Sequence[str] | None
     ) -> Worker:
-        rules.check_heartbeat(worker_id, stats, attempt_ids)
         self._sweep()
         now = self._clock()
         sql = f"UPDATE attempts SET last_active_time = ? WHERE worker_id = ? AND {_LIVE}"
@@ -438,13 +407,11 @@ class SqliteStore:
             self._conn.execute(sql, params)
         return worker
 
-    async def list_workers(self) -> list[Worker]:
+    async def _list_workers(self) -> list[Worker]:
         rows = self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY seq", ())
         return [worker_from_row(row) for row in rows]
 
-    async def wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        rules.check_seconds(timeout_seconds, "timeout_seconds")
-        rules.check_ids(rollout_ids, "rollout_ids")
+    async def _wait(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         for rollout_id in rollout_ids:
             self._rollout(rollout_id)
 
@@ -462,7 +429,7 @@ class SqliteStore:
         )
         return done if done is not None else terminal()
 
-    async def stats(self) -> StoreStats:
+    async def _stats(self) -> StoreStats:
         self._sweep()
         with self._lock:
             self._check_open()
