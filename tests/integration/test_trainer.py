@@ -62,6 +62,7 @@ def make_trainer(
     trackers: Sequence[Tracker] = (),
     learning_rate: float = 1e-3,
     store: Store | None = None,
+    keep_checkpoints: int = 2,
     **options: Any,
 ) -> Trainer:
     algorithm = GRPO(
@@ -71,7 +72,7 @@ def make_trainer(
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
     return Trainer(
         algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=2, max_concurrency=4, torch_threads=2,
-        trackers=trackers, store=store,
+        trackers=trackers, store=store, keep_checkpoints=keep_checkpoints,
     )  # fmt: skip
 
 
@@ -212,6 +213,8 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     assert resumed[0]["elapsed_seconds"] > lines[2]["elapsed_seconds"]  # the run's time, not the session's
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
     assert (run_dir / "checkpoints" / "step-3" / "config.json").is_file()
+    # Step 1 was never validated and is no longer among the newest two: it is deleted.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-2", "step-3"]
     third = optimizer_state(run_dir / "checkpoints" / "step-3")
     assert {float(state["step"]) for state in third["state"].values()} == {3.0}  # 2 restored + 1
     assert leftover_processes() == set()
@@ -294,7 +297,9 @@ def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
 
 def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(tmp_path: Path, model_dir: Path) -> None:
     run_dir = tmp_path / "run"
-    trainer = make_trainer(run_dir, model_dir, 3, learning_rate=1e-2, async_rollouts=True, max_staleness=0)
+    trainer = make_trainer(
+        run_dir, model_dir, 3, learning_rate=1e-2, keep_checkpoints=0, async_rollouts=True, max_staleness=0
+    )  # every checkpoint stays, for the checks below
     history = trainer.fit(graded_call, TASKS)
 
     assert [line["model_version"] for line in history] == [1, 2, 3]

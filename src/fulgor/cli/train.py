@@ -141,6 +141,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="refuse a --run-dir that already holds checkpoints instead of continuing it",
     )
+    system.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=2,
+        metavar="N",
+        help="keep the newest N checkpoints and the one with the best validation accuracy, deleting "
+        "the others as training goes (default 2; 0 keeps every one)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -233,6 +241,11 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
         )
     if args.group_size < 2:
         raise ConfigError("--group-size must be 2 or more: GRPO compares the rollouts of each task")
+    if args.keep_checkpoints < 0:
+        raise ConfigError(
+            f"--keep-checkpoints {args.keep_checkpoints} is negative; pass 0 to keep every checkpoint, "
+            "or N to keep the newest N and the best validated one"
+        )
     if not _DEVICE.fullmatch(args.device):
         raise ConfigError(f"--device {args.device} is not a device; pass auto, cpu, mps, cuda or cuda:N")
     train = read_tasks(args.train, "--train") if args.train is not None else []
@@ -347,6 +360,7 @@ def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
         n_runners=args.n_runners,
         max_concurrency=args.max_concurrency,
         resume=not args.no_resume,
+        keep_checkpoints=args.keep_checkpoints,
         progress=sys.stderr.isatty(),
     )
 

@@ -5,9 +5,10 @@
 next step's rollouts run while this step trains), ``build_trajectories`` (spans to token rows
 with a drift report), ``update_policy`` (one GRPO step on the trainer's own copy of the model),
 ``publish_weights`` (checkpoint, gateway pause and drain, engine swap, gateway resume, a new
-resources version), ``validate`` (every ``val_every`` steps, greedy) and ``log_metrics`` (one JSON
-line in ``run_dir/metrics.jsonl``). ``dev`` runs an agent through the same services without
-training, to check rewards and traces first.
+resources version), ``validate`` (every ``val_every`` steps, greedy), ``log_metrics`` (one JSON
+line in ``run_dir/metrics.jsonl``) and ``prune_checkpoints`` (deleting the checkpoints no longer
+kept). ``dev`` runs an agent through the same services without training, to check rewards and
+traces first.
 
 What it does not know: how an agent talks to its model (the gateway URL is all it gets) or how
 the update computes its loss (:mod:`fulgor.algorithms.grpo`).
@@ -34,9 +35,11 @@ from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
 from fulgor.training.checkpoints import (
     Policy,
+    checkpoint_accuracies,
     latest_checkpoint,
     load_policy,
     load_training_state,
+    prune_checkpoints,
     set_torch_threads,
 )
 from fulgor.training.collector import Collector
@@ -49,6 +52,7 @@ from fulgor.training.reports import (
     drift_total,
 )
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
+from fulgor.training.run_report import read_metrics
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
@@ -93,7 +97,10 @@ class Trainer:
     and ``logs/runners.log``; the trainer closes ``store.sqlite`` when ``fit``, ``dev`` or
     ``evaluate`` returns, and leaves a ``store`` passed in open, for the caller to use and close.
     With ``resume``, ``fit`` on a run directory that has checkpoints continues from the newest one
-    (without, it refuses to); ``dev`` and ``evaluate`` always use the newest weights. ``n_runners``
+    (without, it refuses to); ``dev`` and ``evaluate`` always use the newest weights. Training keeps
+    the newest ``keep_checkpoints`` checkpoints and the one with the best validation accuracy (the
+    earliest of equals), and deletes the others as it goes, earlier sessions' too; a run without
+    validation keeps the newest only, and ``keep_checkpoints=0`` keeps every one. ``n_runners``
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
@@ -113,12 +120,17 @@ class Trainer:
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
         resume: bool = True,
+        keep_checkpoints: int = 2,
         trackers: Sequence[Tracker] = (),
         progress: bool = True,
     ) -> None:
         if n_runners < 1 or max_concurrency < 1:
             raise ConfigError(
                 f"n_runners and max_concurrency must be >= 1, got {n_runners}, {max_concurrency}"
+            )
+        if keep_checkpoints < 0:
+            raise ConfigError(
+                f"keep_checkpoints must be 0 (keep every checkpoint) or more, got {keep_checkpoints}"
             )
         self.algorithm = algorithm
         self.engine = engine
@@ -134,6 +146,7 @@ class Trainer:
         )
         self.torch_threads = torch_threads
         self.resume = resume
+        self.keep_checkpoints = keep_checkpoints
         self.trackers = tuple(trackers)
         self.progress = progress
 
@@ -217,6 +230,7 @@ class Trainer:
                         with timer("validate"):
                             validation = await self.validate(services, val, resources)
                     self.log_metrics(log, step, services, outcomes, update, validation, timer)
+                    await self.prune_checkpoints(step)
                     track(log.history[-1])
                     progress.update(log.history[-1])
                     if out_of_time:
@@ -366,6 +380,26 @@ class Trainer:
             "val_tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / len(outcomes),
             "val_rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
         }
+
+    async def prune_checkpoints(self, step: int) -> None:
+        """Delete the checkpoints that are neither among the newest ``keep_checkpoints`` nor the best
+        validated one (by every validation in ``metrics.jsonl``, earlier sessions' too).
+
+        Runs after ``log_metrics``, so step N's own accuracy counts. A checkpoint that cannot be
+        deleted is logged and training goes on; unreadable metrics leave every checkpoint in place.
+        """
+        if self.keep_checkpoints == 0:
+            return
+        try:
+            accuracies = checkpoint_accuracies(read_metrics(self.run_dir))
+            removed = await asyncio.to_thread(
+                prune_checkpoints, self.checkpoints_dir, self.keep_checkpoints, accuracies
+            )
+        except (ConfigError, OSError) as error:
+            logger.warning("step %d: checkpoints left in place, not pruned: %s", step, error)
+            return
+        if removed:
+            logger.info("step %d: deleted the checkpoints of steps %s", step, removed)
 
     def log_metrics(
         self,

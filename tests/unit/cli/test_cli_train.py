@@ -112,6 +112,10 @@ REFUSED = {
         "--model no-config has no config.json",
     ),
     "group of one": (["--train", "tasks.jsonl", "--group-size", "1"], "--group-size must be 2 or more"),
+    "negative checkpoint count": (
+        ["--train", "tasks.jsonl", "--keep-checkpoints", "-1"],
+        "--keep-checkpoints -1 is negative; pass 0 to keep every checkpoint",
+    ),
     "checkpoints and --no-resume": (
         ["--train", "tasks.jsonl", "--run-dir", "old-run", "--no-resume"],
         "old-run already holds checkpoints up to step 3",
@@ -183,6 +187,34 @@ def test_evaluate_needs_the_run_dir_it_measures(folder: Path, capsys: pytest.Cap
     assert "pass its --run-dir" in error
     assert out == ""
     assert not (folder / "runs").exists()  # no new, empty run measured with the base model
+
+
+@pytest.mark.parametrize(
+    ("args", "kept"), [([], 2), (["--keep-checkpoints", "5"], 5), (["--keep-checkpoints", "0"], 0)]
+)
+def test_keep_checkpoints_reaches_the_trainer(
+    folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    kept: int,
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("openai")
+    from fulgor import Trainer
+
+    given: list[int] = []
+
+    def fit(self: Trainer, agent: object, train: object, val: object = ()) -> None:
+        given.append(self.keep_checkpoints)
+        raise ConfigError("stopped before training")
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--model", "model", "--train", "tasks.jsonl"]
+    assert main(["-v", *argv, "--run-dir", "run", "--device", "cpu", *args]) == 1
+    assert given == [kept]
+    assert "error: stopped before training" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
