@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -50,3 +51,17 @@ def command_line(pid: int) -> str | None:
         return (Path(f"/proc/{pid}") / "cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return None
+
+
+def running_in(directory: Path) -> set[int]:
+    """Every live process (but this one) whose current directory is ``directory``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if Path(os.readlink(entry / "cwd")) == directory.resolve() and alive(int(entry.name)):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found

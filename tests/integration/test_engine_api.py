@@ -413,6 +413,42 @@ async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
     await until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Count"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
+    ],
+)
+async def test_a_stream_stops_generating_when_its_client_disconnects(
+    url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    ends: list[str] = []
+    generate = engine.generate
+
+    async def watched(*args: Any, **kwargs: Any) -> AsyncIterator[tuple[int, Event]]:
+        finished = False
+        try:
+            async for index, event in generate(*args, **kwargs):
+                finished = finished or isinstance(event, FinishEvent)
+                yield index, event
+        finally:
+            ends.append("finished" if finished else "cancelled")
+
+    monkeypatch.setattr(engine, "generate", watched)
+    request = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "stream": True, **body}
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=60) as http,
+        http.stream("POST", path, json=request) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                break  # the first tokens arrived; the caller goes away: the connection closes
+    await until(lambda: bool(ends))
+    assert ends == ["cancelled"]
+    await until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
+
+
 def test_health(url: str) -> None:
     body = httpx.get(f"{url}/health").json()
     assert body["status"] == "ok"

@@ -300,3 +300,31 @@ async def test_a_slow_store_applies_backpressure_and_loses_nothing(upstream: Scr
         assert max(store.batches) <= 4
         assert len(store.batches) >= 5
         assert env.gateway.state()["recorder"]["dropped"] == 0
+
+
+class HeldWritesStore(MemoryStore):
+    """A store whose span writes wait until the test releases them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = asyncio.Event()
+        self.released = asyncio.Event()
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        self.writing.set()
+        await self.released.wait()
+        return await super().add_spans(spans)
+
+
+async def test_the_agent_gets_its_answer_before_the_call_is_written(upstream: ScriptedOpenAIServer) -> None:
+    store = HeldWritesStore()
+    async with gateway_env([upstream.url], store=store) as env:
+        rollout, base_url = await env.rollout()
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        reply = await asyncio.wait_for(client.chat.completions.create(**CHAT), timeout=10)  # type: ignore[call-overload]
+        assert reply.choices[0].message.content == "ok"
+        await asyncio.wait_for(store.writing.wait(), timeout=10)
+        assert await store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL) == []
+        store.released.set()
+        [call] = await env.calls(rollout, 1)
+        assert_matches(call, upstream.samples[0])

@@ -405,3 +405,21 @@ async def test_the_local_engine_answers_and_its_own_ids_are_recorded(engine_url:
         assert response.output_text == (answer["choices"][0]["message"]["content"] or "")
         assert response.usage is not None
         assert response.usage.output_tokens == len(answer["choices"][0]["token_ids"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        {"format": {"type": "json_object"}},
+        {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}}},
+    ],
+    ids=["json_object", "json_schema"],
+)
+async def test_a_json_text_format_is_refused_by_the_local_engine(engine_url: str, text: Any) -> None:
+    async with gateway_env([engine_url]) as env:
+        rollout, base_url = await env.rollout()
+        with pytest.raises(openai.BadRequestError, match="response_format") as refused:
+            await client_for(base_url).responses.create(model="tiny", input="Hello", text=text)
+        assert refused.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+        [call] = await env.calls(rollout, 1)
+    assert call.response_token_ids is None

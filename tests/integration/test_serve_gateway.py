@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
 from fulgor import semconv
-from fulgor.store import SyncStore
+from fulgor.store import SqliteStore, SyncStore
 from fulgor.store.client import StoreClient
 from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from fulgor.types import ModelCall, RolloutRequest
@@ -75,3 +77,41 @@ def test_the_store_api_still_needs_the_key(serve: str) -> None:
 
     with SyncStore(StoreClient(serve, token="wrong")) as store, pytest.raises(FulgorError):
         store.stats()
+
+
+def test_each_upstream_given_is_a_replica_the_gateway_fails_over_to(
+    tmp_path: Path, upstream: ScriptedOpenAIServer
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: a replica that is down
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
+    command += [
+        "--store",
+        f"sqlite:///{tmp_path}/store.sqlite",
+        "--upstream",
+        dead,
+        "--upstream",
+        upstream.url,
+    ]
+    env = {key: value for key, value in os.environ.items() if key != "FULGOR_TOKEN"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+        assert httpx.get(f"{url}/gateway/state").json()["upstreams"] == [dead, upstream.url]
+        with SyncStore(StoreClient(url)) as store:
+            rollouts = [store.start_rollout(RolloutRequest(input=i), "w1") for i in range(4)]
+        for rollout in rollouts:
+            base = f"{url}/r/{rollout.rollout_id}/{rollout.attempt.attempt_id}/v1"
+            chat = openai.OpenAI(base_url=base, api_key="-", max_retries=0)
+            reply = chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}])
+            assert reply.choices[0].message.content == "42"
+    finally:
+        process.send_signal(signal.SIGTERM)  # the gateway writes the calls it still holds, then stops
+        assert process.wait(timeout=15) == 0
+    with SyncStore(SqliteStore(tmp_path / "store.sqlite")) as store:
+        spans = [s for r in rollouts for s in store.query_spans(r.rollout_id, name=semconv.SPAN_MODEL_CALL)]
+    calls = [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
+    assert [call.engine_replica for call in calls] == [upstream.url] * 4

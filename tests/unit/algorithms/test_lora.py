@@ -107,3 +107,17 @@ def test_lora_settings_are_among_the_hyperparameters() -> None:
     assert settings["lora/rank"] == 2
     assert settings["config/learning_rate"] == GRPOConfig().learning_rate
     assert "lora/rank" not in GRPO().hyperparameters()
+
+
+def test_by_default_every_linear_layer_but_the_output_head_gets_an_adapter(model_dir: Path) -> None:
+    base = load_model(model_dir, device="cpu", dtype="float32").model
+    linear = {name for name, module in base.named_modules() if isinstance(module, torch.nn.Linear)}
+    assert "lm_head" in linear
+
+    policy = load_policy(model_dir, "cpu", LoraConfig(rank=4))
+    adapted = {
+        name.removeprefix("base_model.model.")
+        for name, module in policy.model.named_modules()
+        if hasattr(module, "lora_A")
+    }
+    assert adapted == linear - {"lm_head"}

@@ -6,15 +6,18 @@ from __future__ import annotations
 import contextlib
 import doctest
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import threading
 import tomllib
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -279,6 +282,54 @@ def test_an_empty_token_file_is_a_usage_error(tmp_path: Path, capsys: pytest.Cap
     assert out == ""
     assert err.startswith("error: ")
     assert "is empty" in err
+
+
+def test_a_token_file_that_cannot_be_read_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such-token"
+    assert main(["doctor", "--store", "http://127.0.0.1:1", "--token-file", str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("error: ")
+    assert str(missing) in err
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_opens_and_its_password_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    url = os.environ.get("FULGOR_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("FULGOR_TEST_POSTGRES_URL is not set")
+    import asyncio
+
+    import psycopg
+    from psycopg import sql
+
+    from fulgor.store.postgres import PostgresStore
+    from fulgor.types import RolloutRequest
+
+    schema = f"test_doctor_{uuid.uuid4().hex[:12]}"
+
+    async def fill() -> None:
+        store = PostgresStore(url, schema=schema)
+        await store.open()
+        await store.enqueue([RolloutRequest(input=1)])
+        await store.close()
+
+    try:
+        asyncio.run(fill())
+        store_url = f"{url}{'&' if '?' in url else '?'}schema={schema}"
+        assert main(["doctor", "--store", store_url]) == 0
+        line = lines_of(capsys.readouterr().out)["store"]
+        assert line.startswith("OK")
+        assert "opens; 1 rollouts" in line
+        password = urlsplit(store_url).password
+        assert password
+        assert f":{password}@" not in line
+        assert f"{store_url.replace(f':{password}@', ':***@')} opens" in line
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 # -- a model, its engine, and a gateway in front of it ---------------------------------------------

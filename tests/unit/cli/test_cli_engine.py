@@ -83,3 +83,28 @@ def test_a_signal_while_vllm_starts_stops_vllm(tmp_path: Path, stop_signal: int)
             process.wait()
         if pgid and group_alive(pgid):
             os.killpg(pgid, signal.SIGKILL)
+
+
+def test_vllm_arg_flags_reach_vllm_serve(tmp_path: Path) -> None:
+    pid_file, launches = tmp_path / "vllm.pid", tmp_path / "launches.jsonl"
+    install_fake_vllm(tmp_path, pid_file)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "STAND_IN_LOG": str(launches)}
+    command = [sys.executable, "-m", "fulgor.cli.main", "engine", "--backend", "vllm", "--model", "m"]
+    command += ["--port", "0", "--vllm-arg=--enforce-eager", "--vllm-arg=--gpu-memory-utilization=0.5"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pgid = 0
+    try:
+        assert wait_for(lambda: launches.exists() and launches.read_text().strip() != "", 60)
+        pgid = int(pid_file.read_text())
+        argv = json.loads(launches.read_text().splitlines()[0])["argv"]
+        assert argv[:2] == ["serve", "m"]
+        assert {"--enforce-eager", "--gpu-memory-utilization=0.5"} <= set(argv)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 0, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if pgid and group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)

@@ -161,6 +161,17 @@ async def test_leaving_early_cancels_the_sequence(engine: LocalEngine) -> None:
     await until(lambda: engine.stats()["running"] == 0)
 
 
+async def test_a_request_arriving_mid_generation_joins_the_running_batch(engine: LocalEngine) -> None:
+    long_params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
+    running = asyncio.create_task(_run(engine, _encode(engine, PROMPTS[0]), long_params))
+    await until(lambda: engine.stats()["running"] == 1)
+    short = await _run(engine, _encode(engine, PROMPTS[1]), SamplingParams(max_tokens=3, ignore_eos=True))
+    # The late request ran next to the long one and finished first: it did not wait for the batch.
+    assert len(short.token_ids) == 3
+    assert not running.done()
+    assert len((await running).token_ids) == 400
+
+
 async def test_a_swap_waits_for_running_sequences(engine: LocalEngine, tiny_model_dir: Path) -> None:
     long_params = SamplingParams(max_tokens=400, temperature=1.0, ignore_eos=True)
     running = asyncio.create_task(_run(engine, _encode(engine, PROMPTS[0]), long_params))

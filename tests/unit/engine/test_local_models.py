@@ -124,3 +124,15 @@ def test_chat_template_without_tools_is_plain_chatml(tiny_model: Any) -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     text = tiny_model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tiny_is_a_llama_of_under_a_million_parameters_and_small_of_six_to_seven(
+    tmp_path: Path, tiny_model: Any
+) -> None:
+    config = tiny_model.model.config
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads)
+    assert shape == (128, 2, 8)
+    assert sum(p.numel() for p in tiny_model.model.parameters()) < 1_000_000
+    small = load_model(init_model(tmp_path / "small", "small", seed=0), device="cpu").model
+    # 6.1M with the built-in corpus; a task corpus can fill the vocabulary up to about 7M.
+    assert 6_000_000 <= sum(p.numel() for p in small.parameters()) <= 7_000_000

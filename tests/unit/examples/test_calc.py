@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,3 +104,35 @@ async def test_agent_that_guesses_wrong_gets_zero() -> None:
     value, requests = await run_agent([ScriptedReply(text="1700")], "What is 37 times 48?", 1776)
     assert value == 0.0
     assert len(requests) == 1
+
+
+def test_the_demo_trains_in_the_steps_it_documents() -> None:
+    from examples.calc.train import demo_grpo
+    from examples.calc.warm_start import WarmStartConfig
+
+    grpo = demo_grpo()
+    # Steps of 64 rollouts (8 problems x 8), at most 150, stopping once 285 s are used; validation
+    # every 10 steps.
+    assert (grpo.batch_tasks, grpo.group_size, grpo.max_steps, grpo.max_seconds) == (8, 8, 150, 285.0)
+    assert grpo.val_every == 10
+    # The warm start: 1,000 steps where every solution calls the calculator, then 150 with a quarter.
+    warm = WarmStartConfig()
+    assert (warm.tool_steps, warm.steps - warm.tool_steps, warm.tool_fraction) == (1000, 150, 0.25)
+
+
+def test_a_tool_using_conversation_takes_about_130_tokens_with_the_demos_tokenizer(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from examples.calc.agent import CALCULATOR_TOOL
+    from examples.calc.warm_start import corpus, solution
+    from fulgor.engine.models import init_model
+
+    splits = make_splits()
+    base = init_model(tmp_path / "base", "tiny", seed=0, corpus=corpus(splits["train"]))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    lengths = []
+    for task in splits["test"][:32]:
+        text = tokenizer.apply_chat_template(solution(task, True), tools=[CALCULATOR_TOOL], tokenize=False)
+        lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    assert 115 <= sorted(lengths)[len(lengths) // 2] <= 145

@@ -160,6 +160,14 @@ def test_text_formats_become_response_formats(text: Any, response_format: Any) -
             "'input_image' are not supported: .*text only",
         ),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "'input_file'"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA"}}]}
+                ]
+            },
+            "'input_audio' are not supported: .*text only",
+        ),
     ],
 )
 def test_what_the_engines_cannot_serve_is_refused_naming_it(body: dict[str, Any], match: str) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -338,3 +341,109 @@ async def test_an_attempt_the_runner_never_heard_of_is_left_to_the_watchdog(stor
     attempts = await store.list_attempts(created.rollout_id)
     assert [a.status for a in attempts] == ["unresponsive", "succeeded"]
     assert attempts[0].attempt_id == orphan.attempt.attempt_id
+
+
+async def test_once_stopped_a_runner_claims_nothing_more(store: Store) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @rollout
+    async def gated(task: Any) -> float:
+        started.set()
+        await release.wait()
+        return 1.0
+
+    running, queued = await store.enqueue([RolloutRequest(input=0), RolloutRequest(input=1)])
+    config = RunnerConfig(max_concurrency=1, claim_wait_seconds=0.2, heartbeat_seconds=0.05)
+    runner = Runner(gated, store, config=config)
+    task = asyncio.create_task(runner.run())
+    await asyncio.wait_for(started.wait(), timeout=5)
+    runner.stop()
+    release.set()  # the running rollout ends within its grace period and frees the slot
+    await asyncio.wait_for(task, timeout=10)
+    assert (await store.get_rollout(running.rollout_id)).status == "succeeded"
+    # The freed slot took no new work: the queued rollout waits for another runner.
+    assert (await store.get_rollout(queued.rollout_id)).status == "queuing"
+    assert await store.list_attempts(queued.rollout_id) == []
+
+
+async def test_an_agent_past_its_rollouts_timeout_is_stopped_while_the_runner_goes_on(store: Store) -> None:
+    stopped = asyncio.Event()
+
+    @rollout
+    async def hangs(task: Any) -> float:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+        return 1.0
+
+    config = RolloutConfig(timeout_seconds=0.3, max_attempts=1)
+    [created] = await store.enqueue([RolloutRequest(input={}, config=config)])
+    runner = Runner(hangs, store, config=FAST)
+    task = asyncio.create_task(runner.run())
+    try:
+        await asyncio.wait_for(stopped.wait(), timeout=10)
+        assert not task.done()  # stopped by the runner's timeout, not by a shutdown
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, timeout=10)
+    [attempt] = await store.list_attempts(created.rollout_id)
+    assert attempt.status == "timeout"
+
+
+# An agent instrumented with OpenTelemetry as its author wrote it, run by a runner in a process of
+# its own: a fresh process, whose global tracer provider nothing but the runner has touched.
+TRACED_AGENT_RUN = textwrap.dedent(
+    """\
+    import asyncio, sys
+    from opentelemetry import trace
+    from fulgor import rollout
+    from fulgor.runner import Runner, RunnerConfig
+    from fulgor.store import SqliteStore
+    from fulgor.types import RolloutRequest
+
+    @rollout
+    async def traced(task):
+        with trace.get_tracer("agent").start_as_current_span("lookup", attributes={"key": task["key"]}):
+            with trace.get_tracer("agent").start_as_current_span("fetch"):
+                pass
+        return 1.0
+
+    async def main(path):
+        store = SqliteStore(path)
+        [created] = await store.enqueue([RolloutRequest(input={"key": "k1"})])
+        runner = Runner(traced, store, config=RunnerConfig(claim_wait_seconds=0.2, heartbeat_seconds=0.05))
+        task = asyncio.create_task(runner.run())
+        await store.wait([created.rollout_id], timeout_seconds=30)
+        runner.stop()
+        await task
+        await store.close()
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_spans_of_the_agents_own_opentelemetry_instrumentation_land_under_its_rollout(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    path = tmp_path / "store.sqlite"
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", TRACED_AGENT_RUN, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    store = SqliteStore(path)
+    try:
+        [done] = await store.query_rollouts()
+        assert done.status == "succeeded"
+        spans = {s.name: s for s in await store.query_spans(done.rollout_id)}
+    finally:
+        await store.close()
+    assert {"lookup", "fetch"} <= set(spans)
+    assert spans["lookup"].attributes == {"key": "k1"}
+    assert spans["fetch"].parent_id == spans["lookup"].span_id

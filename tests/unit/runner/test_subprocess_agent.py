@@ -287,3 +287,11 @@ def test_empty_command_is_refused() -> None:
     with pytest.raises(AgentError, match="needs a command"):
         SubprocessAgent([])
     assert os.path.basename(SubprocessAgent(["python", "x/agent.py"]).name) == "agent.py"
+
+
+async def test_the_program_gets_the_rollouts_root_on_the_gateway(store: MemoryStore) -> None:
+    program = ["bash", "-c", 'echo "$FULGOR_BASE_URL $FULGOR_MODEL"']
+    [rollout_id] = await run_all(store, SubprocessAgent(program), [{}])
+    [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+    # The llm resource's endpoint without its /v1: where the rollout's API paths start.
+    assert message.attributes[semconv.ATTR_MESSAGE_BODY] == "http://127.0.0.1:9/r/x/y tiny\n"

@@ -161,3 +161,37 @@ def test_sync_facade_and_open_store(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             assert store.stats().spans == 1
     finally:
         server.stop()
+
+
+class PeerMiddleware:
+    """Notes the client address (host, port) of every request: one port is one TCP connection."""
+
+    def __init__(self, app: ASGIApp, peers: list[tuple[str, int]]) -> None:
+        self.app = app
+        self.peers = peers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.peers.append(scope["client"])
+        await self.app(scope, receive, send)
+
+
+async def test_the_client_keeps_one_connection_alive_across_calls(tmp_path: Path) -> None:
+    peers: list[tuple[str, int]] = []
+    app = create_app(ServerConfig(store=SqliteStore(tmp_path / "s.sqlite")))
+    app.add_middleware(PeerMiddleware, peers=peers)
+    server = BackgroundServer(app)
+    await asyncio.to_thread(server.start)
+    client = StoreClient(server.url)
+    try:
+        (created,) = await client.enqueue([request()])
+        (claimed,) = await client.claim("w1")
+        await client.add_spans([span(claimed.rollout_id, claimed.attempt.attempt_id)])
+        await client.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+        await client.wait([created.rollout_id], timeout_seconds=5)
+        await client.stats()
+    finally:
+        await client.close()
+        await server.astop()
+    assert len(peers) == 6
+    assert len(set(peers)) == 1, f"a new connection per call: {peers}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,13 @@ def test_an_edited_file_with_nan_or_null_numbers_still_renders(tmp_path: Path) -
     text = write_run_report(tmp_path).read_text()
     assert "merge_breaks=1" in text
     assert "<th>validation accuracy, last</th><td>0.5</td>" in text
+
+
+def test_without_matplotlib_the_error_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_lines(tmp_path, HISTORY)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without fulgor[report]
+    with pytest.raises(ConfigError, match=r"pip install 'fulgor\[report\]'"):
+        write_run_report(tmp_path)
+    assert not (tmp_path / "report.html").exists()

@@ -15,7 +15,7 @@ from fulgor import Agent, rollout
 from fulgor.adapters import DriftReport, Trajectory
 from fulgor.errors import ConfigError
 from fulgor.training.checkpoints import latest_checkpoint
-from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, RolloutReport
+from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, ProgressBar, RolloutReport
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, requested_tools
 from fulgor.training.runners import agent_spec
 from fulgor.training.tracking import start_tracking
@@ -246,3 +246,22 @@ async def test_blocking_entry_points_work_inside_a_running_event_loop() -> None:
     assert _run_blocking(work()) == 3
     with pytest.raises(ConfigError, match="no"):
         _run_blocking(fails())
+
+
+def test_the_progress_bar_on_stderr_shows_steps_reward_and_validation_accuracy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with ProgressBar(0, 3) as progress:
+        progress.update({"step": 0, "val_accuracy": 0.25})  # the validation before training
+        progress.update({"step": 1, "reward_mean": 0.5, "tool_call_rate": 0.125})
+    out, err = capsys.readouterr()
+    assert out == ""
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "1/3" in last
+    assert "reward=0.500" in last
+    assert "val=0.250" in last
+    assert "tools=0.125" in last
+
+    with ProgressBar(0, 3, enabled=False) as quiet:  # Trainer(progress=False), or not a terminal
+        quiet.update({"step": 1, "reward_mean": 0.5})
+    assert capsys.readouterr() == ("", "")
