@@ -461,12 +461,6 @@ def test_ctrl_c_stops_the_run_and_says_how_to_continue(tmp_path: Path, tiny_mode
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Trainer._run_blocking waits for its thread with a second Thread.join() after the "
-    "KeyboardInterrupt, which on Python 3.11 returns at once (CPython issue 90882): the command "
-    "exits while its services are still stopping, and the runner processes outlive it",
-)
 def test_ctrl_c_stops_every_service_before_the_command_exits(tmp_path: Path, tiny_model: Path) -> None:
     returncode, err, run = interrupt_a_training_run(tmp_path, tiny_model)
     left_at_exit = running_in(tmp_path)  # runner processes, agents: anything started from the folder
