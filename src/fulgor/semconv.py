@@ -20,14 +20,19 @@ FULGOR_SPAN_NAMES: Final = frozenset(
     {SPAN_MODEL_CALL, SPAN_REWARD, SPAN_MESSAGE, SPAN_OBJECT, SPAN_EXCEPTION, SPAN_OPERATION}
 )
 
+# Attempt metadata: how many of the attempt's spans the store never got (each was logged).
+ATTEMPT_SPANS_LOST: Final = "spans_lost"
+
 # Resource attributes (OpenTelemetry resource) that attribute a span to a rollout and attempt.
 RESOURCE_ROLLOUT_ID: Final = "fulgor.rollout_id"
 RESOURCE_ATTEMPT_ID: Final = "fulgor.attempt_id"
 
-# fulgor.model_call: the whole ModelCall record travels under this key (see types.ModelCall).
+# fulgor.model_call: the whole ModelCall record travels under this key (see types.ModelCall), and
+# it is the one home of what the call was: its agent's name, token_ids_missing, model_version.
 ATTR_MODEL_CALL: Final = "fulgor.model_call"
+
+# The agent that emitted a span (rewards, messages, objects, exceptions, operations).
 ATTR_AGENT_NAME: Final = "fulgor.agent.name"
-ATTR_TOKEN_IDS_MISSING: Final = "fulgor.model_call.token_ids_missing"
 
 # fulgor.reward
 ATTR_REWARD_VALUE: Final = "fulgor.reward.value"

@@ -253,7 +253,7 @@ class ModelCall(_Model):
     response_logprobs: list[float] | None = None
     token_ids_missing: bool = False
     engine_replica: str | None = None
-    model_version: str | None = None
+    model_version: int | None = Field(default=None, ge=0, description="The weights version that served it.")
     latency_seconds: float | None = Field(default=None, ge=0)
     agent_name: str | None = None
     error: str | None = None

@@ -32,7 +32,7 @@ async def recorded_calls(
     store: Store, rollout: AttemptedRollout, gateway: Any, count: int
 ) -> list[ModelCall]:
     """The rollout's model calls, once the recorder has written ``count`` of them."""
-    await gateway.recorder.flushed()
+    await gateway.settle()
     spans = await store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL)
     assert len(spans) == count, [s.attributes for s in spans]
     return [ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL]) for span in spans]

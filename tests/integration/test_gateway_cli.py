@@ -42,7 +42,7 @@ async def test_the_gateway_process_records_into_the_store(tmp_path: Path) -> Non
     spans = await store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL)
     [call] = [ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL]) for span in spans]
     assert call.response_token_ids == upstream.samples[0].token_ids
-    assert call.model_version == "3"
+    assert call.model_version == 3
     await store.close()
 
 

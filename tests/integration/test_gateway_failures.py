@@ -206,7 +206,7 @@ async def test_an_event_that_is_not_a_json_object_is_passed_on_and_recorded_as_a
         [call] = await env.calls(rollout, 1)
         assert call.error is not None
         assert "not a JSON object: [1, 2]" in call.error
-        assert env.gateway.recorder.stats.dropped == 0
+        assert env.gateway.recorder.writer.stats.lost == 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -227,7 +227,7 @@ async def test_an_answer_of_the_wrong_shape_is_passed_on_and_recorded_as_an_erro
         assert call.error is not None
         assert "not a chat completion" in call.error
         assert call.response_token_ids is None
-        assert env.gateway.recorder.stats.dropped == 0
+        assert env.gateway.recorder.writer.stats.lost == 0
 
 
 async def test_a_call_the_gateway_fails_to_relay_is_recorded_as_failed(

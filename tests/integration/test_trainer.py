@@ -182,11 +182,11 @@ def test_fit_runs_two_steps_publishes_weights_and_leaves_nothing_behind(
     # Each step ran on its own resources version and on the weights published before it.
     assert len({r.resources_id for r in by_step[1]}) == 1
     assert {r.resources_id for r in by_step[1]}.isdisjoint({r.resources_id for r in by_step[2]})
-    assert {c.model_version for r in by_step[1] for c in calls[r.rollout_id]} == {"0"}
-    assert {c.model_version for r in by_step[2] for c in calls[r.rollout_id]} == {"1"}
+    assert {c.model_version for r in by_step[1] for c in calls[r.rollout_id]} == {0}
+    assert {c.model_version for r in by_step[2] for c in calls[r.rollout_id]} == {1}
     val = [r for r in rollouts if r.mode == "val"]
     assert len(val) == 4
-    assert sorted(c.model_version for r in val for c in calls[r.rollout_id]) == ["0", "0", "2", "2"]
+    assert sorted(c.model_version for r in val for c in calls[r.rollout_id]) == [0, 0, 2, 2]
 
     # Nothing left: no child process, no listening port.
     assert leftover_processes() == set()
@@ -273,7 +273,7 @@ def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
     # Validation ran on the engine's base + the swapped-in adapter: it sampled from exactly that model.
     rollouts, calls, _ = read_store(run_dir / "store.sqlite")
     [val_call] = [c for r in rollouts if r.mode == "val" for c in calls[r.rollout_id]]
-    assert val_call.model_version == "1"
+    assert val_call.model_version == 1
     assert val_call.response_logprobs is not None
     served = served_logprobs(run_dir / "checkpoints" / "step-1", val_call)
     base = served_logprobs(model_dir, val_call)
@@ -286,7 +286,7 @@ def test_fit_with_lora_publishes_adapters_the_engine_serves_and_resumes(
     rollouts, calls, _ = read_store(run_dir / "store.sqlite")
     assert {
         c.model_version for r in rollouts if r.metadata.get("step") == 2 for c in calls[r.rollout_id]
-    } == {"1"}
+    } == {1}
     assert (run_dir / "checkpoints" / "step-2" / "adapter_model.safetensors").is_file()
     second = optimizer_state(run_dir / "checkpoints" / "step-2")
     assert {float(state["step"]) for state in second["state"].values()} == {2.0}
@@ -318,7 +318,8 @@ def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(tmp_path: Pat
         # call on older weights, as the calls recorded them.
         step = line["step"]
         versions = {
-            r.rollout_id: [int(c.model_version or -1) for c in calls[r.rollout_id]] for r in by_step[step]
+            r.rollout_id: [-1 if c.model_version is None else c.model_version for c in calls[r.rollout_id]]
+            for r in by_step[step]
         }
         assert set().union(*versions.values()) <= {step - 2, step - 1}  # one step ahead at most
         assert line["rollouts_stale"] == sum(1 for v in versions.values() if min(v) < step - 1)

@@ -75,7 +75,7 @@ EXAMPLES: list[pydantic.BaseModel] = [
         prompt_token_ids=[1, 2],
         response_token_ids=[3],
         response_logprobs=[-0.5],
-        model_version="v1",
+        model_version=1,
         latency_seconds=0.01,
     ),
     ModelCall(request={}, token_ids_missing=True),

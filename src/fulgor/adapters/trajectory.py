@@ -72,7 +72,7 @@ class Trajectory:
     group_id: str | None
     reward: float
     rows: list[TrajectoryRow]
-    model_versions: list[str | None]
+    model_versions: list[int | None]
     resources_id: str | None = None
 
 
@@ -98,6 +98,9 @@ class DriftReport:
     rollouts_without_reward: int = 0
     """Rollouts with calls to train on but no reward (no reward span, none passed in)."""
     id_mismatches: int = 0
+    spans_lost: int = 0
+    """Spans of the rollout the store never got (each was logged where it was lost): a rollout with
+    any is not trained on, as its trace is incomplete."""
 
     LOSSES: ClassVar[tuple[str, ...]] = (
         "calls_missing_ids",
@@ -105,6 +108,7 @@ class DriftReport:
         "truncated_rows",
         "dropped_rows",
         "id_mismatches",
+        "spans_lost",
     )
     """Counters of calls or tokens not trained as the engine sampled them: 0 in a healthy run. (A
     merge break is not one: it trains the sampled ids exactly, in a new row.)"""
@@ -190,7 +194,7 @@ def _trainable_calls(
     kept = []
     for span, call in calls:
         report.calls_total += 1
-        agent = call.agent_name or span.attributes.get(semconv.ATTR_AGENT_NAME)
+        agent = call.agent_name
         if pattern is not None and (agent is None or not pattern.search(str(agent))):
             report.calls_not_matched += 1
         elif call.error is not None:

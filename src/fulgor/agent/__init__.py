@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fulgor.agent.base import Agent, RolloutFunction, Runnable, rollout
-from fulgor.agent.context import AgentError, RolloutContext, SpanRecorder, current_context, use_context
+from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
 from fulgor.agent.emit import (
     OperationHandle,
     emit_exception,
@@ -20,7 +20,6 @@ __all__ = [
     "RolloutContext",
     "RolloutFunction",
     "Runnable",
-    "SpanRecorder",
     "current_context",
     "emit_exception",
     "emit_message",

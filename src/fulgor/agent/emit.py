@@ -57,7 +57,7 @@ def _record(
         attributes=attributes,
         status=status or SpanStatus(),
     )
-    context.recorder.record(span)
+    context.record(span)
     return span
 
 

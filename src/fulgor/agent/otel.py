@@ -6,8 +6,8 @@ tracer provider that records every span started inside a rollout under that roll
 with its OpenTelemetry trace, span and parent ids kept. Spans started outside any rollout are
 left alone, and so are spans started in a thread the agent started without carrying its context
 (see :mod:`fulgor.agent.context`). The bridge never raises into the agent's ``span.end()``: a
-name over the store's limit is cut to it, and a span that cannot be converted is logged, counted
-in the recorder's ``refused`` and dropped.
+name over the store's limit is cut to it, and a span that cannot be converted is logged and
+counted in its rollout's ``spans_lost``.
 
 Needs the ``opentelemetry-sdk`` package (``pip install 'fulgor[frameworks]'``).
 """
@@ -91,15 +91,15 @@ def _processor() -> Any:
             try:
                 converted = _to_span(span, context)
             except Exception as error:
-                context.recorder.count_refused()
+                context.count_lost()
                 logger.error(
-                    "OpenTelemetry span %.200r of rollout %s could not be converted; it is dropped: %s",
+                    "OpenTelemetry span %.200r of rollout %s not converted (counted in spans_lost): %s",
                     span.name,
                     context.rollout_id,
                     error,
                 )
                 return
-            context.recorder.record(converted)
+            context.record(converted)
 
         def shutdown(self) -> None:
             with self._lock:

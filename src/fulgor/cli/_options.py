@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["non_negative_float", "port_number", "positive_float", "positive_int"]
+__all__ = ["non_negative_float", "non_negative_int", "port_number", "positive_float", "positive_int"]
 
 
 def port_number(text: str) -> int:
@@ -27,6 +27,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 1 or more") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is too small; pass 1 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number of at least 0 (a version number)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 0 or more") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is too small; pass 0 or more")
     return value
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fulgor.cli._options import port_number
+from fulgor.cli._options import non_negative_int, port_number
 from fulgor.errors import ConfigError, FulgorError
 
 DEFAULT_PORT = 8475
@@ -50,7 +50,11 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, required: bool) -
         action="store_true",
         help="do not ask upstreams for token ids (APIs that reject vLLM fields); calls are flagged",
     )
-    parser.add_argument("--model-version", help="model version recorded on calls whose upstream names none")
+    parser.add_argument(
+        "--model-version",
+        type=non_negative_int,
+        help="the weights version (a whole number) recorded on calls whose upstream names none",
+    )
 
 
 def build_gateway(args: argparse.Namespace, store: Any, key: str | None) -> Any:

@@ -93,6 +93,7 @@ class Gateway:
             queue_size=config.record_queue_size,
             batch_size=config.record_batch_size,
             linger_seconds=config.record_linger_seconds,
+            retry_seconds=config.record_retry_seconds,
         )
         self._guard = RolloutGuard(store, config.rollout_cache_seconds) if config.check_rollouts else None
         self._api_key = config.api_key.encode() if config.api_key else None
@@ -153,7 +154,23 @@ class Gateway:
             return False
         return True
 
-    def resume(self, model_version: str | None = None) -> None:
+    async def settle(self, rollout_ids: Iterable[str] | None = None, timeout_seconds: float = 60.0) -> bool:
+        """Wait until no call is in flight (only those of ``rollout_ids``, when given: other
+        rollouts' calls go on) and every call that has left flight is in the store, or counted in
+        :meth:`spans_lost`. False when calls were still in flight after ``timeout_seconds``; the
+        calls that had ended are written even then."""
+        if rollout_ids is None:
+            drained = await self.drain(timeout_seconds)
+        else:
+            drained = await self.drain_rollouts(rollout_ids, timeout_seconds)
+        await self.recorder.caught_up()
+        return drained
+
+    def spans_lost(self, rollout_id: str) -> int:
+        """How many model call spans of ``rollout_id`` the store never got (each was logged)."""
+        return self.recorder.writer.lost_for(rollout_id)
+
+    def resume(self, model_version: int | None = None) -> None:
         """Take calls again; ``model_version`` is recorded on calls whose upstream names none."""
         if model_version is not None:
             self.model_version = model_version
@@ -161,7 +178,7 @@ class Gateway:
         logger.info("gateway resumed (model version %s)", self.model_version)
 
     def state(self) -> JsonDict:
-        stats = self.recorder.stats
+        written = self.recorder.writer.stats
         return {
             "paused": self.paused,
             "in_flight": self.in_flight,
@@ -169,11 +186,11 @@ class Gateway:
             "model_version": self.model_version,
             "upstreams": [u.url for u in self.upstreams.upstreams],
             "recorder": {
-                "pending": stats.pending,
-                "written": stats.written,
-                "dropped": stats.dropped,
-                "store_retries": stats.store_retries,
-                "token_ids_missing": stats.token_ids_missing,
+                "pending": self.recorder.pending,
+                "written": written.written,
+                "spans_lost": written.lost,
+                "store_retries": written.retries,
+                "token_ids_missing": self.recorder.token_ids_missing,
             },
         }
 
@@ -333,8 +350,7 @@ class Gateway:
                 await _send_json(send, 200, {**self.state(), "drained": drained})
                 return
         elif method == "POST" and path == "/gateway/resume":
-            version = body.get("model_version")
-            self.resume(None if version is None else str(version))
+            self.resume(_version(body))
         else:
             raise RolloutNotFoundError(f"no admin route {method} {path}; see /gateway/state, /pause, /resume")
         await _send_json(send, 200, self.state())
@@ -373,6 +389,15 @@ def _parse_object(body: bytes, *, required: bool) -> JsonDict:
     if not isinstance(parsed, dict):
         raise BadRequestError("the request body must be a JSON object")
     return parsed
+
+
+def _version(body: JsonDict) -> int | None:
+    value = body.get("model_version")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadRequestError("model_version must be a whole number >= 0 (the engine's weights version)")
+    return value
 
 
 def _number(body: JsonDict, key: str) -> float | None:

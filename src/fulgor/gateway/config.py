@@ -54,7 +54,8 @@ class GatewayConfig:
     ``max_retries`` times on connection errors and 429/502/503/504, waiting
     ``retry_backoff_seconds`` doubled each time. At most ``record_queue_size`` calls wait to be
     written; beyond that new calls wait (backpressure). Spans are written ``record_batch_size`` at
-    a time, after waiting up to ``record_linger_seconds`` for a batch to fill.
+    a time, after waiting up to ``record_linger_seconds`` for a batch to fill; a store that is away
+    is retried for ``record_retry_seconds`` before spans are counted as lost.
     """
 
     api_key: str | None = None
@@ -67,8 +68,9 @@ class GatewayConfig:
     record_queue_size: int = 4096
     record_batch_size: int = 256
     record_linger_seconds: float = 0.01
+    record_retry_seconds: float = 30.0
     retry_after_seconds: float = 2.0
-    model_version: str | None = None
+    model_version: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.record_queue_size < 1 or self.record_batch_size < 1:

@@ -30,7 +30,7 @@ class ChoiceRecord:
     response_token_ids: list[int] | None
     response_logprobs: list[float] | None
     response: JsonDict
-    model_version: str | None = None
+    model_version: int | None = None
 
 
 def choices_from_body(endpoint: Endpoint, body: JsonDict) -> list[ChoiceRecord]:
@@ -72,8 +72,12 @@ def _logprobs(endpoint: Endpoint, logprobs: Any) -> list[float] | None:
     return list(values) if isinstance(values, list) else None
 
 
-def _version(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _version(value: Any) -> int | None:
+    """A weights version as engines number them (an integer); None when the upstream names none, or
+    names it some other way (its age is then unknown)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 class BadEventError(ValueError):
@@ -122,7 +126,7 @@ class _ChoiceState:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None
-    model_version: str | None = None
+    model_version: int | None = None
 
 
 class StreamAccumulator:

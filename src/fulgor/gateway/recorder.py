@@ -1,13 +1,13 @@
 """Recorder: turns finished calls into ``fulgor.model_call`` spans, written off the response path.
 
 A call reserves a slot before it goes upstream and hands its :class:`CallRecord` over when it ends;
-a background task parses the response, builds one span per choice and writes spans to the store in
-batches (waiting ``linger_seconds`` for a batch to fill, so a store that commits per write, such as
-SQLite, commits once for many calls even under light load). Slots are released only once their
-spans are written, so a slow store makes new calls wait for a slot (backpressure) instead of
-growing memory. A batch the store refuses is retried span by span, transient failures with
-backoff; a span that still cannot be written is counted in ``dropped`` and logged with its rollout
-and attempt ids, never lost silently.
+a background task parses the response, builds one span per choice and hands the spans to a
+:class:`~fulgor.store.writer.SpanWriter`, which writes them in batches with the one policy every
+span writer follows (failures that may pass retried with backoff; a span finally not written
+logged and counted in ``spans_lost``, never lost silently). A slot is released once its spans are
+with the writer, and the writer holds at most ``queue_size`` unwritten spans before it makes the
+recorder wait, so a slow store makes new calls wait for a slot (backpressure) instead of growing
+memory.
 
 A call becomes training data only when its ids can be trusted: a call with ids missing, or with
 fewer or more response ids than the upstream's ``usage.completion_tokens``, is flagged
@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 
 from fulgor import semconv
-from fulgor.errors import FulgorError
 from fulgor.gateway.extract import (
     BadEventError,
     ChoiceRecord,
@@ -37,9 +36,10 @@ from fulgor.gateway.extract import (
     choices_from_body,
 )
 from fulgor.store.base import Store
+from fulgor.store.writer import SpanWriter
 from fulgor.types import ModelCall, Span, SpanStatus
 
-__all__ = ["CallRecord", "Recorder", "RecorderStats"]
+__all__ = ["CallRecord", "Recorder"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,26 +65,11 @@ class CallRecord:
     agent_name: str | None = None
     trace_id: str | None = None
     parent_id: str | None = None
-    model_version: str | None = None
-
-
-@dataclass
-class RecorderStats:
-    pending: int = 0
-    written: int = 0
-    dropped: int = 0
-    store_retries: int = 0
-    token_ids_missing: int = 0
-
-
-@dataclass
-class _Batch:
-    spans: list[Span] = field(default_factory=list)
-    slots: int = 0
+    model_version: int | None = None
 
 
 class Recorder:
-    """Bounded, batched span writer; see the module docstring."""
+    """Turns finished calls into spans off the response path and hands them to a span writer."""
 
     def __init__(
         self,
@@ -93,23 +78,27 @@ class Recorder:
         queue_size: int = 4096,
         batch_size: int = 256,
         linger_seconds: float = 0.01,
-        max_write_attempts: int = 5,
+        retry_seconds: float = 30.0,
     ) -> None:
-        self._store = store
-        self.linger_seconds = linger_seconds
+        self.writer = SpanWriter(
+            store,
+            batch_size=batch_size,
+            linger_seconds=linger_seconds,
+            max_pending=queue_size,
+            retry_seconds=retry_seconds,
+        )
         self._slots = asyncio.Semaphore(queue_size)
         self._queue: asyncio.Queue[CallRecord] = asyncio.Queue()
-        self._batch_size = batch_size
-        self._max_write_attempts = max_write_attempts
         self._task: asyncio.Task[None] | None = None
         self._missing_warned: set[tuple[str | None, bool]] = set()
         self._submitted = 0
-        self._handled = 0
-        self._batch_handled = asyncio.Event()
-        self.stats = RecorderStats()
+        self._handed_over = 0
+        self._handed = asyncio.Event()
+        self.token_ids_missing = 0
 
     def start(self) -> None:
         if self._task is None:
+            self.writer.start()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="fulgor-gateway-recorder")
 
     async def reserve(self) -> None:
@@ -122,69 +111,56 @@ class Recorder:
         self._slots.release()
 
     def submit(self, record: CallRecord) -> None:
-        self.stats.pending += 1
         self._submitted += 1
         self._queue.put_nowait(record)
 
-    async def flushed(self) -> None:
-        """Wait until every submitted call has been written (or counted as dropped)."""
-        await self._queue.join()
+    @property
+    def pending(self) -> int:
+        """Calls not yet turned into spans, and spans not yet written."""
+        return self._queue.qsize() + self.writer.pending
 
     async def caught_up(self) -> None:
-        """Wait until every call submitted before now has been written (or counted as dropped);
-        calls submitted meanwhile do not hold it up, as they would :meth:`flushed` under steady
-        traffic. One writer takes calls in submission order, so a count is enough."""
+        """Wait until every call submitted before now has been written (or counted as lost); calls
+        submitted meanwhile do not hold it up. One task turns calls into spans in submission order,
+        so a count is enough."""
         target = self._submitted
-        while self._handled < target:
-            await self._batch_handled.wait()
+        while self._handed_over < target:
+            await self._handed.wait()
+        await self.writer.flush()
 
-    async def close(self, timeout_seconds: float = 30.0) -> None:
-        """Write what is queued (waiting up to ``timeout_seconds``), then stop."""
+    async def close(self) -> None:
+        """Write everything submitted (retrying as the writer does), then stop."""
         if self._task is None:
             return
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                await self._queue.join()
-        except TimeoutError:
-            left = self._queue.qsize()
-            self.stats.dropped += left
-            logger.error("gateway recorder closed with %d calls unwritten after %.0fs", left, timeout_seconds)
+        await self.caught_up()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        await self.writer.close()
 
     async def _run(self) -> None:
         while True:
-            records = [await self._queue.get()]
-            if self.linger_seconds and self._queue.qsize() < self._batch_size - 1:
-                await asyncio.sleep(self.linger_seconds)
-            while len(records) < self._batch_size and not self._queue.empty():
-                records.append(self._queue.get_nowait())
+            record = await self._queue.get()
             try:
-                await self._write(self._build(records))
+                await self.writer.put(self._build(record))
             finally:
-                for _ in records:
-                    self._slots.release()
-                    self._queue.task_done()
-                self.stats.pending -= len(records)
-                self._handled += len(records)
-                handled, self._batch_handled = self._batch_handled, asyncio.Event()
-                handled.set()
+                self._slots.release()
+                self._handed_over += 1
+                handed, self._handed = self._handed, asyncio.Event()
+                handed.set()
 
-    def _build(self, records: list[CallRecord]) -> list[Span]:
-        spans: list[Span] = []
-        for record in records:
-            try:
-                spans.extend(self.spans_for(record))
-            except Exception:
-                self.stats.dropped += 1
-                logger.exception(
-                    "could not build the model call span of rollout %s attempt %s; it is dropped",
-                    record.rollout_id,
-                    record.attempt_id,
-                )
-        return spans
+    def _build(self, record: CallRecord) -> list[Span]:
+        try:
+            return self.spans_for(record)
+        except Exception:  # a bug here must not stop the recorder: the call is counted as lost
+            self.writer.count_lost(record.rollout_id)
+            logger.exception(
+                "could not build the model call span of rollout %s attempt %s; counted in spans_lost",
+                record.rollout_id,
+                record.attempt_id,
+            )
+            return []
 
     def spans_for(self, record: CallRecord) -> list[Span]:
         """The spans of one call: one per sampled choice, or one that records the error."""
@@ -237,7 +213,7 @@ class Recorder:
     def _note_missing(self, replica: str | None, counts: tuple[int, int] | None) -> None:
         """Count a call flagged ``token_ids_missing``; warn once per replica and cause. ``counts``
         is (ids returned, usage.completion_tokens) when the ids disagree with the usage."""
-        self.stats.token_ids_missing += 1
+        self.token_ids_missing += 1
         key = (replica, counts is not None)
         if key in self._missing_warned:
             return
@@ -259,12 +235,8 @@ class Recorder:
             )
 
     def _span(self, record: CallRecord, call: ModelCall, index: int) -> Span:
-        attributes: JsonDict = {
-            semconv.ATTR_MODEL_CALL: call.model_dump(mode="json"),
-            semconv.ATTR_TOKEN_IDS_MISSING: call.token_ids_missing,
-        }
-        if record.agent_name:
-            attributes[semconv.ATTR_AGENT_NAME] = record.agent_name
+        # The ModelCall is the one home of what the call was (agent name, token_ids_missing included).
+        attributes: JsonDict = {semconv.ATTR_MODEL_CALL: call.model_dump(mode="json")}
         return Span(
             rollout_id=record.rollout_id,
             attempt_id=record.attempt_id,
@@ -281,51 +253,6 @@ class Recorder:
                 semconv.RESOURCE_ATTEMPT_ID: record.attempt_id,
             },
         )
-
-    async def _write(self, spans: list[Span]) -> None:
-        if not spans:
-            return
-        try:
-            await self._store.add_spans(spans)
-            self.stats.written += len(spans)
-            return
-        except Exception as error:
-            logger.warning("writing %d model call spans failed (%s); retrying one by one", len(spans), error)
-        for span in spans:
-            await self._write_one(span)
-
-    async def _write_one(self, span: Span) -> None:
-        delay = 0.1
-        for attempt in range(1, self._max_write_attempts + 1):
-            try:
-                await self._store.add_spans([span])
-                self.stats.written += 1
-                return
-            except FulgorError as error:
-                self.stats.dropped += 1
-                logger.error(
-                    "the store refused a model call span of rollout %s attempt %s (%s: %s); it is dropped",
-                    span.rollout_id,
-                    span.attempt_id,
-                    error.code,
-                    error.message,
-                )
-                return
-            except Exception as error:
-                if attempt == self._max_write_attempts:
-                    self.stats.dropped += 1
-                    logger.error(
-                        "a model call span of rollout %s attempt %s could not be written after %d tries "
-                        "(%s); it is dropped",
-                        span.rollout_id,
-                        span.attempt_id,
-                        attempt,
-                        error,
-                    )
-                    return
-                self.stats.store_retries += 1
-                await asyncio.sleep(delay)
-                delay *= 2
 
 
 _UNFINISHED = (

@@ -22,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fulgor.agent.base import Runnable
-from fulgor.agent.context import RolloutContext, SpanRecorder, use_context
+from fulgor.agent.context import RolloutContext, use_context
 from fulgor.agent.emit import emit_exception
 from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError
+from fulgor.semconv import ATTEMPT_SPANS_LOST
 from fulgor.store.base import Store
 from fulgor.store.client import TOKEN_ENV
-from fulgor.types import LLM, AttemptedRollout, AttemptStatus, Resource
+from fulgor.store.writer import SpanWriter
+from fulgor.types import LLM, AttemptedRollout, AttemptStatus, JsonDict, Resource
 
 __all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
 
@@ -60,6 +62,8 @@ class RunnerConfig:
     rather than stored here, where it would travel with the config (command lines, logs)."""
     opentelemetry: bool = True
     """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk)."""
+    span_retry_seconds: float = 30.0
+    """How long a store that is away is retried before the agent's spans count as lost."""
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -108,12 +112,12 @@ class Runner:
 
     async def run_attempt(self, claimed: AttemptedRollout) -> None:
         """Run the agent on one claimed rollout and report how its attempt ended."""
-        recorder = SpanRecorder(self.store)
-        flusher = asyncio.create_task(recorder.run(), name=f"fulgor-spans-{claimed.rollout_id}")
+        writer = SpanWriter(self.store, retry_seconds=self.config.span_retry_seconds)
+        writer.start()
         context = RolloutContext(
             rollout_id=claimed.rollout_id,
             attempt_id=claimed.attempt.attempt_id,
-            recorder=recorder,
+            writer=writer,
             agent_name=self.agent.name,
         )
         status: AttemptStatus = "succeeded"
@@ -131,28 +135,33 @@ class Runner:
             # the store can requeue the rollout instead of waiting for it forever.
             status, error, cancelled = "failed", "the runner shut down before the rollout finished", True
         finally:
-            lost = await self._store_spans(claimed, flusher, recorder)
-            if lost is not None:
-                status, error = "failed", lost
-        await self._report(claimed, status, error)
+            lost = await self._store_spans(claimed, writer)
+        if lost and status == "succeeded":
+            # Its trace is incomplete: failed, it is retried as its config allows, never trained on.
+            status = "failed"
+            error = f"{lost} span(s) of this attempt were not stored; the runner's log says which and why"
+        await self._report(claimed, status, error, {ATTEMPT_SPANS_LOST: lost} if lost else None)
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _store_spans(
-        self, claimed: AttemptedRollout, flusher: asyncio.Task[None], recorder: SpanRecorder
-    ) -> str | None:
-        """Stop the background flusher and write the spans still buffered; the error if some were not."""
-        flusher.cancel()
-        [ended] = await asyncio.gather(flusher, return_exceptions=True)
-        if isinstance(ended, Exception):  # the final flush below still writes what it left behind
-            logger.error("the span flusher of rollout %s failed: %r", claimed.rollout_id, ended)
+    async def _store_spans(self, claimed: AttemptedRollout, writer: SpanWriter) -> int:
+        """Write what the agent recorded (the writer retries a store that is away); how many of the
+        attempt's spans the store never got."""
         try:
-            await recorder.flush()
-        except Exception as failure:  # the worker boundary: the attempt fails, the runner goes on
-            logger.error("spans of rollout %s could not be stored: %r", claimed.rollout_id, failure)
-            cause = f"{type(failure).__name__}: {failure}"
-            return f"spans could not be stored ({recorder.pending} left unwritten): {cause}"
-        return None
+            await writer.close()
+        except Exception:  # the worker boundary: the attempt is reported, the runner goes on
+            logger.exception("the span writer of rollout %s failed", claimed.rollout_id)
+        lost = writer.lost_for(claimed.rollout_id) + writer.pending
+        if lost:
+            logger.error(
+                "%d span(s) of rollout %s attempt %s were not stored; its attempt records %s=%d",
+                lost,
+                claimed.rollout_id,
+                claimed.attempt.attempt_id,
+                ATTEMPT_SPANS_LOST,
+                lost,
+            )
+        return lost
 
     async def _run_agent(
         self, claimed: AttemptedRollout, resources: Mapping[str, Resource]
@@ -186,10 +195,16 @@ class Runner:
                     resources[name] = resource.model_copy(update=update)
         return resources
 
-    async def _report(self, claimed: AttemptedRollout, status: AttemptStatus, error: str | None) -> None:
+    async def _report(
+        self,
+        claimed: AttemptedRollout,
+        status: AttemptStatus,
+        error: str | None,
+        metadata: JsonDict | None = None,
+    ) -> None:
         try:
             await self.store.update_attempt(
-                claimed.rollout_id, claimed.attempt.attempt_id, status=status, error=error
+                claimed.rollout_id, claimed.attempt.attempt_id, status=status, error=error, metadata=metadata
             )
         except (InvalidTransitionError, NotFoundError) as failure:
             # The store ended the attempt first (watchdog or cancel); its verdict stands.

@@ -18,6 +18,7 @@ from typing import Any
 
 from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
 from fulgor.errors import InvalidTransitionError
+from fulgor.semconv import ATTEMPT_SPANS_LOST
 from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
 from fulgor.types import ModelCall, Rollout, RolloutRequest
@@ -94,21 +95,40 @@ async def _cancel_unfinished(store: Store, rollout_ids: list[str]) -> None:
 
 
 async def read_outcome(
-    store: Store, rollout: Rollout, *, agent_match: str | None = None, max_tokens: int | None = None
+    store: Store,
+    rollout: Rollout,
+    *,
+    agent_match: str | None = None,
+    max_tokens: int | None = None,
+    spans_lost: int = 0,
 ) -> RolloutOutcome:
-    """The reward, model calls, trajectory and drift of one ended rollout's latest attempt."""
+    """The reward, model calls, trajectory and drift of one ended rollout's latest attempt.
+
+    ``spans_lost`` counts spans of the rollout lost on the way to the store outside its attempt's
+    own record (the gateway's); with those its attempt records, a rollout that lost any is not
+    trained on: its trace is incomplete.
+    """
     spans = await store.query_spans(rollout.rollout_id, LATEST)
+    attempts = await store.list_attempts(rollout.rollout_id)
+    latest = attempts[-1] if attempts else None
+    lost = spans_lost + (_lost_in(latest.metadata) if latest is not None else 0)
     calls = model_calls(spans)
     reward = rollout_reward(spans)
     tool_calls = sum(len(requested_tools(call)) for _, call in calls)
     if rollout.status != "succeeded":
-        attempts = await store.list_attempts(rollout.rollout_id)
-        error = attempts[-1].error if attempts else None
-        return RolloutOutcome(
-            rollout, reward, len(calls), None, error=error or rollout.status, tool_calls=tool_calls
-        )
-    trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
-    return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
+        error = (latest.error if latest is not None else None) or rollout.status
+    elif lost:
+        error = f"{lost} of its spans were not stored (the runner's and the gateway's logs say which)"
+    else:
+        trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
+        return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
+    drift = DriftReport(spans_lost=lost)
+    return RolloutOutcome(rollout, reward, len(calls), None, drift, error=error, tool_calls=tool_calls)
+
+
+def _lost_in(metadata: dict[str, Any]) -> int:
+    value = metadata.get(ATTEMPT_SPANS_LOST, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def requested_tools(call: ModelCall) -> list[Any]:

@@ -51,13 +51,8 @@ class Services:
     async def settle_calls(self, rollout_ids: Sequence[str] | None = None) -> None:
         """Wait until no model call is in flight and every recorded call is in the store; with
         ``rollout_ids``, only the calls of those rollouts (other rollouts' calls go on)."""
-        if rollout_ids is None:
-            drained = await self.gateway.drain(_DRAIN_TIMEOUT_SECONDS)
-        else:
-            drained = await self.gateway.drain_rollouts(rollout_ids, _DRAIN_TIMEOUT_SECONDS)
-        if not drained:
+        if not await self.gateway.settle(rollout_ids, _DRAIN_TIMEOUT_SECONDS):
             logger.warning("model calls still in flight after %.0fs", _DRAIN_TIMEOUT_SECONDS)
-        await self.gateway.recorder.caught_up()
 
     async def swap_weights(self, checkpoint: str, *, pause: bool = True) -> int:
         """Pause the gateway, let calls in flight finish, load ``checkpoint`` into the engine, resume.
@@ -70,14 +65,14 @@ class Services:
         """
         if not pause:
             swap = await self.engine.swap_weights(checkpoint)
-            self.gateway.model_version = str(swap.model_version)
+            self.gateway.model_version = swap.model_version
             return swap.model_version
         self.gateway.pause()
         try:
             await self.settle_calls()
             swap = await self.engine.swap_weights(checkpoint)
         finally:
-            self.gateway.resume(model_version=str(self.engine.model_version))
+            self.gateway.resume(model_version=self.engine.model_version)
         return swap.model_version
 
 
@@ -109,9 +104,7 @@ async def start_services(
         engine_server = ServerThread(create_engine_app(engine))
         stack.push_async_callback(engine_server.astop)
         engine_url = f"{await asyncio.to_thread(engine_server.start)}/v1"
-        gateway = create_gateway_app(
-            store, [engine_url], GatewayConfig(model_version=str(engine.model_version))
-        )
+        gateway = create_gateway_app(store, [engine_url], GatewayConfig(model_version=engine.model_version))
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
         app = create_app(ServerConfig(store=store, gateway=gateway, close_store=False))
         server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))

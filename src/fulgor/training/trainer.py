@@ -327,6 +327,7 @@ class Trainer:
                 rollout,
                 agent_match=self.algorithm.agent_match,
                 max_tokens=self.algorithm.max_trajectory_tokens,
+                spans_lost=services.gateway.spans_lost(rollout.rollout_id),
             )
             for rollout in rollouts
         ]

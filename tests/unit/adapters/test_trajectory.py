@@ -52,7 +52,7 @@ class Spans:
             response_logprobs=logprobs,
             token_ids_missing=prompt is None,
             agent_name=agent,
-            model_version="v1",
+            model_version=1,
         )
         self._add(semconv.SPAN_MODEL_CALL, {semconv.ATTR_MODEL_CALL: record.model_dump(mode="json")})
         return self

@@ -16,7 +16,6 @@ from fulgor.agent import (
     Agent,
     AgentError,
     RolloutContext,
-    SpanRecorder,
     current_context,
     emit_exception,
     emit_message,
@@ -28,6 +27,7 @@ from fulgor.agent import (
 )
 from fulgor.net.http_server import HttpReply, HttpRequest, error_reply, serve_http
 from fulgor.store import MemoryStore
+from fulgor.store.writer import SpanWriter
 from fulgor.types import LLM, AttemptedRollout, PromptTemplate, RolloutRequest, Span
 
 LLM_RESOURCE = LLM(endpoint="http://127.0.0.1:9/v1", model="m")
@@ -50,16 +50,15 @@ async def claimed(store: MemoryStore) -> AttemptedRollout:
 
 async def run_in_context(store: MemoryStore, claimed: AttemptedRollout, body: Any) -> list[Span]:
     """Run ``body`` (sync callable or coroutine function) inside the rollout's context; return its spans."""
-    recorder = SpanRecorder(store)
-    flusher = asyncio.create_task(recorder.run())
-    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder, agent_name="solver")
+    writer = SpanWriter(store)
+    writer.start()
+    context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, writer, agent_name="solver")
     with use_context(context):
         if asyncio.iscoroutinefunction(body):
             await body()
         else:
             body()
-    flusher.cancel()
-    await recorder.flush()
+    await writer.close()
     return await store.query_spans(claimed.rollout_id)
 
 

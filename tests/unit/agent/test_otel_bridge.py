@@ -7,9 +7,10 @@ import asyncio
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode, Tracer
 
-from fulgor.agent import RolloutContext, SpanRecorder, use_context
+from fulgor.agent import RolloutContext, use_context
 from fulgor.agent.otel import install
 from fulgor.store import MemoryStore
+from fulgor.store.writer import SpanWriter
 from fulgor.types import RolloutRequest
 
 
@@ -23,7 +24,7 @@ async def test_otel_spans_inside_a_rollout_are_stored_with_parents() -> None:
 
     with tracer.start_as_current_span("outside"):
         pass
-    recorder = SpanRecorder(store)
+    recorder = SpanWriter(store)
     context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
     attributes = {"step": 1, "tags": ("a", "b")}
     with use_context(context), tracer.start_as_current_span("agent.plan", attributes=attributes) as plan:
@@ -49,14 +50,14 @@ async def test_otel_spans_inside_a_rollout_are_stored_with_parents() -> None:
     await store.close()
 
 
-async def a_rollout_with_a_tracer() -> tuple[MemoryStore, Tracer, SpanRecorder, RolloutContext]:
+async def a_rollout_with_a_tracer() -> tuple[MemoryStore, Tracer, SpanWriter, RolloutContext]:
     """A store with one claimed rollout, an installed tracer, and the rollout's recording context."""
     store = MemoryStore()
     provider = TracerProvider()
     install(provider)
     await store.enqueue([RolloutRequest(input=1)])
     [claimed] = await store.claim("w")
-    recorder = SpanRecorder(store)
+    recorder = SpanWriter(store)
     context = RolloutContext(claimed.rollout_id, claimed.attempt.attempt_id, recorder)
     return store, provider.get_tracer("agent"), recorder, context
 
@@ -71,13 +72,13 @@ async def test_non_finite_attribute_values_are_kept_as_otlp_writes_them() -> Non
     await recorder.flush()
     [span] = await store.query_spans(context.rollout_id)
     assert span.attributes == {"loss": "NaN", "bounds": ["-Infinity", 1.5, "Infinity"]}
-    assert recorder.refused == 0
+    assert recorder.stats.lost == 0
     await store.close()
 
 
 async def test_a_span_fulgor_cannot_store_never_raises_into_the_agent() -> None:
     """The SDK calls the bridge from span.end() unguarded: a name over the store's 512-character
-    limit is cut to it, and a span that cannot be converted at all is dropped and counted."""
+    limit is cut to it, and a span that cannot be converted at all is counted as lost."""
     store, tracer, recorder, context = await a_rollout_with_a_tracer()
     with use_context(context):
         tracer.start_span("x" * 600).end()
@@ -86,5 +87,5 @@ async def test_a_span_fulgor_cannot_store_never_raises_into_the_agent() -> None:
     await recorder.flush()
     names = [span.name for span in await store.query_spans(context.rollout_id)]
     assert names == ["x" * 512, "after"]
-    assert recorder.refused == 1
+    assert (recorder.stats.lost, recorder.lost_for(context.rollout_id)) == (1, 1)
     await store.close()

@@ -76,12 +76,12 @@ def test_kl_needs_a_reference_model() -> None:
         grpo.updater(object())
 
 
-def ran_on(*versions: str | None) -> Trajectory:
+def ran_on(*versions: int | None) -> Trajectory:
     return Trajectory("r", "g", 1.0, [], model_versions=list(versions))
 
 
 def test_only_async_rollouts_too_far_behind_the_policy_are_stale() -> None:
-    batch = [ran_on("5"), ran_on("4", "5"), ran_on("3"), ran_on("5", None)]
+    batch = [ran_on(5), ran_on(4, 5), ran_on(3), ran_on(5, None)]
     assert GRPO().split_stale(batch, policy_version=5) == (batch, [])  # synchronous: never stale
     fresh, stale = GRPO(async_rollouts=True, max_staleness=1).split_stale(batch, policy_version=5)
     assert (fresh, stale) == (batch[:2], batch[2:])

@@ -28,7 +28,7 @@ def test_config_values_are_checked() -> None:
 def test_the_recorder_takes_its_settings_from_the_config() -> None:
     config = GatewayConfig(record_linger_seconds=0.5)
     gateway = create_gateway_app(MemoryStore(), ["http://127.0.0.1:1/v1"], config)
-    assert gateway.recorder.linger_seconds == 0.5
+    assert gateway.recorder.writer.linger_seconds == 0.5
 
 
 def test_sticky_replica_is_stable() -> None:
@@ -61,6 +61,6 @@ async def test_the_gateway_works_mounted_in_a_fastapi_app() -> None:
                 assert reply.status_code == 200
                 assert (await http.get(f"{url}/gateway/state")).json()["in_flight"] == 0
                 assert (await http.get(f"{url}/health")).json() == {"status": "ok"}
-        await gateway.recorder.flushed()
+        await gateway.settle()
         assert len(await store.query_spans(rollout.rollout_id)) == 1
         await gateway.close()

@@ -35,7 +35,7 @@ def test_chat_body_takes_prompt_ids_from_the_top_and_response_ids_from_each_choi
     assert choice.prompt_token_ids == [1, 2, 3]
     assert choice.response_token_ids == [7, 8]
     assert choice.response_logprobs == [-0.5, -0.25]
-    assert choice.model_version == "4"
+    assert choice.model_version == 4
     assert choice.response["message"]["content"] == "hi"
     assert choice.response["usage"]["completion_tokens"] == 2
 

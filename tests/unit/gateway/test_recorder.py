@@ -52,7 +52,7 @@ def test_ids_that_disagree_with_the_usage_are_not_trusted() -> None:
     [short] = calls_of(recorder.spans_for(record(chat_body([3, 4], completion_tokens=5))))
     assert short.token_ids_missing
     assert short.response_token_ids is None
-    assert recorder.stats.token_ids_missing == 1
+    assert recorder.token_ids_missing == 1
     # n > 1: usage counts every choice together.
     calls = calls_of(recorder.spans_for(record(chat_body([3], [4, 5], completion_tokens=3))))
     assert [c.response_token_ids for c in calls] == [[3], [4, 5]]
@@ -131,7 +131,7 @@ class FlakyStore(MemoryStore):
         return await super().add_spans(spans)
 
 
-async def test_transient_store_failures_are_retried_and_refusals_counted_as_dropped() -> None:
+async def test_transient_store_failures_are_retried_and_refusals_counted_as_lost() -> None:
     store = FlakyStore(failures=2)
     rollout = await store.start_rollout(RolloutRequest(input=1), worker_id="w")
     recorder = Recorder(store, linger_seconds=0)
@@ -141,10 +141,10 @@ async def test_transient_store_failures_are_retried_and_refusals_counted_as_drop
     for item in (good, record(chat_body([4]))):
         await recorder.reserve()
         recorder.submit(item)
-    await recorder.flushed()
-    assert recorder.stats.written == 1
-    assert recorder.stats.dropped == 1
-    assert recorder.stats.store_retries >= 1
+    await recorder.caught_up()
+    assert recorder.writer.stats.written == 1
+    assert recorder.writer.stats.lost == recorder.writer.lost_for("r") == 1
+    assert recorder.writer.stats.retries >= 1
     assert len(await store.query_spans(rollout.rollout_id)) == 1
     await recorder.close()
 
@@ -155,7 +155,8 @@ async def test_a_span_the_store_refuses_is_counted_and_logged(caplog: pytest.Log
     recorder.start()
     await recorder.reserve()
     recorder.submit(record(chat_body([1])))
-    await recorder.flushed()
-    assert recorder.stats.dropped == 1
-    assert "refused a model call span of rollout r attempt a (not_found" in caplog.text
+    await recorder.caught_up()
+    assert recorder.writer.stats.lost == 1
+    assert "1 span(s) of rollout r attempt a were not stored (fulgor.model_call)" in caplog.text
+    assert "the store refused it (not_found" in caplog.text
     await recorder.close()

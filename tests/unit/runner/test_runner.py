@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +294,7 @@ async def rewarded(task: Any) -> None:
 
 def fail_span_writes(store: Store, failures: int) -> list[int]:
     """Make the next ``failures`` ``add_spans`` calls raise; returns a one-item list of calls made."""
-    from fulgor.errors import StoreError
+    from fulgor.errors import StoreUnavailableError
 
     calls = [0]
     real_add_spans = store.add_spans
@@ -301,7 +302,7 @@ def fail_span_writes(store: Store, failures: int) -> list[int]:
     async def flaky_add_spans(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         if calls[0] <= failures:
-            raise StoreError("the store is briefly unreachable")
+            raise StoreUnavailableError("the store is briefly unreachable")
         return await real_add_spans(*args, **kwargs)
 
     store.add_spans = flaky_add_spans  # type: ignore[method-assign]
@@ -318,15 +319,15 @@ async def test_a_failed_span_write_is_retried_and_the_reward_kept(store: Store) 
     assert reward.attributes[semconv.ATTR_REWARD_VALUE] == 1.0
 
 
-async def test_spans_the_store_keeps_refusing_fail_the_attempt(store: Store) -> None:
+async def test_spans_a_store_away_too_long_never_got_fail_the_attempt(store: Store) -> None:
     fail_span_writes(store, failures=1000)
     [created] = await store.enqueue([RolloutRequest(input={})])
-    await run_until_done(Runner(rewarded, store, config=FAST), store, [created.rollout_id])
+    config = replace(FAST, span_retry_seconds=0.2)
+    await run_until_done(Runner(rewarded, store, config=config), store, [created.rollout_id])
     [attempt] = await store.list_attempts(created.rollout_id)
     assert attempt.status == "failed"
-    assert attempt.error == (
-        "spans could not be stored (1 left unwritten): StoreError: the store is briefly unreachable"
-    )
+    assert attempt.error == "1 span(s) of this attempt were not stored; the runner's log says which and why"
+    assert attempt.metadata[semconv.ATTEMPT_SPANS_LOST] == 1
 
 
 async def test_an_attempt_the_runner_never_heard_of_is_left_to_the_watchdog(store: Store) -> None:
@@ -447,3 +448,36 @@ async def test_spans_of_the_agents_own_opentelemetry_instrumentation_land_under_
     assert {"lookup", "fetch"} <= set(spans)
     assert spans["lookup"].attributes == {"key": "k1"}
     assert spans["fetch"].parent_id == spans["lookup"].span_id
+
+
+@rollout
+async def records_a_span_no_store_takes(task: dict[str, Any]) -> float:
+    from fulgor.types import Span
+
+    context = current_context()
+    context.record(
+        Span(
+            rollout_id=context.rollout_id,
+            attempt_id=context.attempt_id,
+            trace_id=context.trace_id,
+            span_id="bad",
+            name="agent.step",
+            start_time=0.0,
+            attributes={"score": float("nan")},  # not JSON: every store refuses it
+        )
+    )
+    return 1.0
+
+
+async def test_an_attempt_records_how_many_of_its_spans_were_lost(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    [queued] = await store.enqueue([RolloutRequest(input={})])
+    await run_until_done(
+        Runner(records_a_span_no_store_takes, store, config=FAST), store, [queued.rollout_id]
+    )
+    [attempt] = await store.list_attempts(queued.rollout_id)
+    assert attempt.status == "failed"  # its trace is incomplete: retried as allowed, never trained on
+    assert attempt.metadata[semconv.ATTEMPT_SPANS_LOST] == 1
+    assert [s.name for s in await store.query_spans(queued.rollout_id)] == [semconv.SPAN_REWARD]
+    assert f"1 span(s) of rollout {queued.rollout_id}" in caplog.text

@@ -265,3 +265,41 @@ def test_the_progress_bar_on_stderr_shows_steps_reward_and_validation_accuracy(
     with ProgressBar(0, 3, enabled=False) as quiet:  # Trainer(progress=False), or not a terminal
         quiet.update({"step": 1, "reward_mean": 0.5})
     assert capsys.readouterr() == ("", "")
+
+
+async def test_a_rollout_that_lost_spans_is_not_trained_on_and_says_how_many() -> None:
+    from fulgor import semconv
+    from fulgor.store import MemoryStore
+    from fulgor.training.rollouts import read_outcome
+    from fulgor.types import RolloutRequest, Span
+
+    store = MemoryStore()
+    attempted = await store.start_rollout(RolloutRequest(input={}), worker_id="w")
+    call = ModelCall(
+        request={}, response={}, prompt_token_ids=[1, 2], response_token_ids=[3], response_logprobs=[-0.1]
+    )
+    reward = {semconv.ATTR_REWARD_VALUE: 1.0}
+    spans = [
+        Span(rollout_id=attempted.rollout_id, attempt_id=attempted.attempt.attempt_id, trace_id="t",
+             span_id=name, name=name, start_time=float(i), attributes=attributes)
+        for i, (name, attributes) in enumerate(
+            [(semconv.SPAN_MODEL_CALL, {semconv.ATTR_MODEL_CALL: call.model_dump(mode="json")}),
+             (semconv.SPAN_REWARD, reward)]
+        )
+    ]  # fmt: skip
+    await store.add_spans(spans)
+    attempt_id = attempted.attempt.attempt_id
+    await store.update_attempt(attempted.rollout_id, attempt_id, status="succeeded")
+    rollout = await store.get_rollout(attempted.rollout_id)
+
+    whole = await read_outcome(store, rollout)
+    assert whole.trajectory is not None
+    assert whole.drift.spans_lost == 0
+
+    await store.update_attempt(rollout.rollout_id, attempt_id, metadata={semconv.ATTEMPT_SPANS_LOST: 2})
+    for gateway_lost, total in ((0, 2), (1, 3)):
+        partial = await read_outcome(store, rollout, spans_lost=gateway_lost)
+        assert partial.trajectory is None
+        assert partial.drift.spans_lost == total
+        assert f"{total} of its spans were not stored" in str(partial.error)
+    assert "spans_lost" in DriftReport.LOSSES

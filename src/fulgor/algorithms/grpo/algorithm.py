@@ -166,15 +166,15 @@ class GRPO:
 
         >>> def ran_on(*versions): return Trajectory("r", "g", 1.0, [], model_versions=list(versions))
         >>> fresh, stale = GRPO(async_rollouts=True, max_staleness=1).split_stale(
-        ...     [ran_on("4"), ran_on("3", "4"), ran_on("2", "4"), ran_on(None)], policy_version=4)
+        ...     [ran_on(4), ran_on(3, 4), ran_on(2, 4), ran_on(None)], policy_version=4)
         >>> [t.model_versions for t in fresh], [t.model_versions for t in stale]
-        ([['4'], ['3', '4']], [['2', '4'], [None]])
+        ([[4], [3, 4]], [[2, 4], [None]])
         """
         if not self.async_rollouts:
             return list(trajectories), []
         fresh, stale = [], []
         for trajectory in trajectories:
-            known = [v for v in map(_version, trajectory.model_versions) if v is not None]
+            known = [v for v in trajectory.model_versions if v is not None]
             complete = bool(known) and len(known) == len(trajectory.model_versions)
             if complete and policy_version - min(known) <= self.max_staleness:
                 fresh.append(trajectory)
@@ -197,8 +197,3 @@ class GRPO:
         if self.config.kl_coef > 0 and reference_model is None:
             raise ConfigError("kl_coef > 0 needs a reference model; set kl_coef=0 or pass one")
         return PolicyUpdater(model, self.config, reference_model=reference_model)
-
-
-def _version(value: str | None) -> int | None:
-    """A model version as the engine numbers it; None when a call recorded none or another form."""
-    return int(value) if value is not None and value.isdigit() else None
