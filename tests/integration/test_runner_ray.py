@@ -20,6 +20,8 @@ from fulgor.types import Attempt, RolloutRequest
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by make test")
 ROOT = Path(__file__).resolve().parents[2]
+# The checkout first (for the test agents), then whatever path this test run was given.
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def test_ray_pool_says_when_ray_is_not_initialised(tmp_path: Path) -> None:
@@ -37,7 +39,7 @@ def local_ray() -> Iterator[None]:
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        runtime_env={"env_vars": {"PYTHONPATH": PYTHONPATH}},
     )
     yield
     ray.shutdown()
