@@ -53,7 +53,7 @@ def enqueue(store_path: Path, seconds: list[float], unresponsive_seconds: float 
 def statuses(store_path: Path, rollout_ids: list[str]) -> list[str]:
     async def run() -> list[str]:
         store = SqliteStore(store_path)
-        result = [(await store.get_rollout(r)).status for r in rollout_ids]
+        result: list[str] = [(await store.get_rollout(r)).status for r in rollout_ids]
         await store.close()
         return result
 
@@ -261,7 +261,7 @@ def test_a_runner_killed_mid_rollout_goes_unresponsive_and_another_finishes_it(t
 
         async def attempts() -> list[str]:
             store = SqliteStore(store_path)
-            result = [a.status for a in await store.list_attempts(rollout_id)]
+            result: list[str] = [a.status for a in await store.list_attempts(rollout_id)]
             await store.close()
             return result
 
