@@ -16,9 +16,9 @@ Everything runs as the real processes a user starts, on loopback:
 Each repetition enqueues the rollouts in one call, starts the clock, and waits until all have
 succeeded; it checks that every rollout recorded its six model calls with token ids and its reward.
 It reports rollouts/s (median of the repetitions) and the CPU seconds per rollout of each process
-group (read from /proc: the least noisy figure on a shared machine). Agent Lightning 0.3.0 published
-about 9 rollouts/s for its "minimal" benchmark (32 runners x 6 turns) on a 32-core machine; the
-target here is at least 30 rollouts/s on 2 cores. The last line is ``RESULT ...``.
+group (read from /proc: the least noisy figure on a shared machine). The model answers at once, so
+what is measured is fulgor's own machinery; the target is at least 30 rollouts/s on 2 cores. The
+last line is ``RESULT ...``.
 """
 
 from __future__ import annotations

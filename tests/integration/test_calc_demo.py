@@ -54,9 +54,11 @@ def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:
 def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The demo as ``make demo`` runs it. Whether the model reaches the learning target is what
-    ``benchmarks/learning.py`` measures over several seeds; this checks the run itself, and that
-    the model learned to use the tool."""
+    """The demo as ``make demo`` runs it (seed 0), held to what the README says it does: from almost
+    no held-out problem right to about 90%. Seed 0 measured 85.9%, 87.5% and 88.3% on the test
+    split in three runs (the number of steps that fit into 285 s varies, and sampling with it); a
+    run under 80% has lost something. ``benchmarks/learning.py`` measures seeds 0-2 against the
+    acceptance."""
     run_dir = tmp_path / "calc"
     assert main(["--run-dir", str(run_dir)]) == 0
     out = capsys.readouterr().out
@@ -65,7 +67,7 @@ def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
     # 150 steps, or fewer when the 285 s ran out first (then the last step validated).
     assert history[-1]["step"] == 150 or history[-1]["elapsed_seconds"] >= 285
     assert "val_accuracy" in history[-1]
-    assert history[0]["val_accuracy"] < 0.3  # the warm start mostly guesses
+    assert history[0]["val_accuracy"] < 0.1  # the warm start answers without the tool, so guesses
     for metrics in history[1:]:
         assert metrics["rollouts_failed"] == 0, metrics
         assert all(metrics[f"drift/{name}"] == 0 for name in LOST), metrics
@@ -73,7 +75,7 @@ def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
     assert set(result["test_after"]) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
     assert result["test_after"]["val_rollouts_failed"] == 0
     assert result["test_after"]["val_tool_call_rate"] >= 0.9  # from none after the warm start
-    assert result["test_after"]["val_accuracy"] >= 0.5
+    assert result["test_after"]["val_accuracy"] >= 0.8
     for name in ("report.html", "curves.png"):
         assert (run_dir / "grpo" / name).is_file()
     assert str(run_dir / "grpo" / "report.html") in out

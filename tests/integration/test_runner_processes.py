@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from fulgor.store import SqliteStore
 from fulgor.types import RolloutConfig, RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The checkout first (for the test agents), then whatever path this test run was given.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def start_runner(store_path: Path, grace_seconds: float, agent: str = "sleeper") -> subprocess.Popen[str]:
@@ -28,9 +31,8 @@ def start_runner(store_path: Path, grace_seconds: float, agent: str = "sleeper")
         "--grace-seconds", str(grace_seconds),
         "--heartbeat-seconds", "0.3",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert process.stdout is not None
     assert "Ctrl+C to stop" in process.stdout.readline()
@@ -51,7 +53,7 @@ def enqueue(store_path: Path, seconds: list[float], unresponsive_seconds: float 
 def statuses(store_path: Path, rollout_ids: list[str]) -> list[str]:
     async def run() -> list[str]:
         store = SqliteStore(store_path)
-        result = [(await store.get_rollout(r)).status for r in rollout_ids]
+        result: list[str] = [(await store.get_rollout(r)).status for r in rollout_ids]
         await store.close()
         return result
 
@@ -65,6 +67,40 @@ def wait_until(predicate: object, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def agent_pids(store_path: Path, rollout_ids: list[str]) -> set[int]:
+    """The processes running the given rollouts' agents, from the message each sleeper records."""
+
+    async def run() -> set[int]:
+        store = SqliteStore(store_path)
+        spans = [s for r in rollout_ids for s in await store.query_spans(r, name="fulgor.message")]
+        await store.close()
+        return {int(span.attributes["fulgor.message.body"].split()[1]) for span in spans}
+
+    return asyncio.run(run())
+
+
+class OutputLines:
+    """Collects a process's output lines on a thread, so a test can wait for one to appear."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self._stdout = process.stdout
+        self._lines: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._stdout:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, count: int, seconds: float) -> bool:
+        """Wait until ``count`` lines contain ``text``; False if they have not after ``seconds``."""
+        with self._changed:
+            return self._changed.wait_for(lambda: sum(text in line for line in self._lines) >= count, seconds)
 
 
 def test_first_sigint_drains_then_requeues_and_leaves_no_process(tmp_path: Path) -> None:
@@ -90,14 +126,22 @@ def test_second_sigint_stops_at_once_without_orphans(tmp_path: Path) -> None:
     store_path = tmp_path / "store.sqlite"
     slow_a, slow_b = enqueue(store_path, [60, 60])
     runner = start_runner(store_path, grace_seconds=30)
-    assert wait_until(lambda: "queuing" not in statuses(store_path, [slow_a, slow_b]), 30)
+    output = OutputLines(runner)
+    # Both runner processes are running an agent (one rollout each, as --max-concurrency is 1):
+    # the processes this test expects to see stopped exist before it signals anything.
+    assert wait_until(lambda: len(agent_pids(store_path, [slow_a, slow_b])) == 2, 60)
+    runners = agent_pids(store_path, [slow_a, slow_b])
     children = descendants(runner.pid)
+    assert runners <= children
+    assert all(alive(pid) for pid in children)
 
     started = time.monotonic()
     runner.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    # The second Ctrl+C comes during the drain: once both runners say they are waiting out the grace.
+    assert output.wait_for("waiting up to 30s for 1 running rollouts", count=2, seconds=10)
     runner.send_signal(signal.SIGINT)
     runner.wait(timeout=10)
+    # Well within the 30 s grace, every process of the tree is gone.
     assert wait_until(lambda: not [pid for pid in children if alive(pid)], 8 - (time.monotonic() - started))
     assert statuses(store_path, [slow_a, slow_b]) == ["requeuing", "requeuing"]
 
@@ -127,7 +171,7 @@ def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
             f"sqlite:///{tmp_path}/s.db",
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=60,
@@ -142,7 +186,7 @@ def test_a_bad_store_url_is_one_clear_error_not_a_traceback_per_worker(tmp_path:
         [sys.executable, "-m", "fulgor.cli.main", "runner",
          "--agent", "tests.integration.agents.slow_agent:sleeper", "--store", "foo://", "--n-runners", "2"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=60,
@@ -217,7 +261,7 @@ def test_a_runner_killed_mid_rollout_goes_unresponsive_and_another_finishes_it(t
 
         async def attempts() -> list[str]:
             store = SqliteStore(store_path)
-            result = [a.status for a in await store.list_attempts(rollout_id)]
+            result: list[str] = [a.status for a in await store.list_attempts(rollout_id)]
             await store.close()
             return result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +14,14 @@ import pytest
 from fulgor.runner.pool import PoolConfig
 from fulgor.runner.ray_pool import RayRunnerPool
 from fulgor.runner.worker import RunnerConfig
+from fulgor.semconv import ATTR_MESSAGE_BODY, SPAN_MESSAGE
 from fulgor.store import SqliteStore
-from fulgor.types import RolloutRequest
+from fulgor.types import Attempt, RolloutRequest
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by make test")
 ROOT = Path(__file__).resolve().parents[2]
+# The checkout first (for the test agents), then whatever path this test run was given.
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def test_ray_pool_says_when_ray_is_not_initialised(tmp_path: Path) -> None:
@@ -35,7 +39,7 @@ def local_ray() -> Iterator[None]:
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        runtime_env={"env_vars": {"PYTHONPATH": PYTHONPATH}},
     )
     yield
     ray.shutdown()
@@ -55,19 +59,27 @@ def test_ray_actors_run_every_rollout_once(local_ray: None, tmp_path: Path) -> N
     pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", f"sqlite:///{path}", config)
     pool.start()
 
-    async def wait() -> tuple[list[str], list[str | None]]:
+    async def outcome() -> tuple[list[str], list[list[Attempt]], list[list[str]]]:
         store = SqliteStore(path)
         done = await store.wait(rollout_ids, timeout_seconds=60)
-        workers = [(await store.list_attempts(r))[0].worker_id for r in rollout_ids]
+        attempts = [await store.list_attempts(r) for r in rollout_ids]
+        # Every run of the agent records one message naming its process; counted over all attempts.
+        runs = [
+            [span.attributes[ATTR_MESSAGE_BODY] for span in await store.query_spans(r, name=SPAN_MESSAGE)]
+            for r in rollout_ids
+        ]
         await store.close()
-        return [r.status for r in done], workers
+        return [r.status for r in done], attempts, runs
 
-    statuses, workers = asyncio.run(wait())
+    statuses, attempts, runs = asyncio.run(outcome())
     completed = pool.stop()
     assert statuses == ["succeeded"] * 8
     assert completed == 8
-    assert set(workers) <= set(pool.worker_ids)
-    assert all(len(attempts) == 1 for attempts in [[w] for w in workers])
+    assert [len(a) for a in attempts] == [1] * 8
+    assert {a[0].worker_id for a in attempts} <= set(pool.worker_ids)
+    assert [len(messages) for messages in runs] == [1] * 8
+    pids = {int(messages[0].split()[1]) for messages in runs}
+    assert os.getpid() not in pids  # the agents ran in the actors, not in this process
 
 
 def call_until_gone(actor: Any, seconds: float) -> None:

@@ -1,7 +1,8 @@
 """SqliteStore shared by several processes on one file, and killed mid-write.
 
 Real processes, a real file: four claimer processes drain one queue and each rollout is claimed
-exactly once; a writer killed with SIGKILL loses none of the span adds it had acknowledged.
+exactly once; a writer killed with SIGKILL loses none of the writes it had acknowledged (span adds,
+attempt updates, resources, enqueues).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from fulgor.store import SqliteStore
-from fulgor.types import RolloutConfig, RolloutRequest
+from fulgor.types import PromptTemplate, RolloutConfig, RolloutRequest
 
 CLAIMER = """
 import asyncio, json, sys
@@ -38,10 +39,11 @@ async def main(path, worker_id):
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
+# Each kind of write in turn, printing one line once the store has acknowledged it.
 WRITER = """
 import asyncio, sys
 from fulgor.store import SqliteStore
-from fulgor.types import Span
+from fulgor.types import PromptTemplate, RolloutRequest, Span
 
 async def main(path, rollout_id, attempt_id):
     store = SqliteStore(path)
@@ -51,7 +53,16 @@ async def main(path, rollout_id, attempt_id):
         span = Span(rollout_id=rollout_id, attempt_id=attempt_id, trace_id="t", span_id=f"s{i}",
                     name="fulgor.message", start_time=float(i), attributes={"i": i})
         await store.add_spans([span])
-        print(f"ack s{i}", flush=True)
+        print(f"span s{i}", flush=True)
+        await store.update_attempt(rollout_id, attempt_id, metadata={f"m{i}": i})
+        print(f"metadata m{i}", flush=True)
+        version = await store.put_resources({"prompt": PromptTemplate(template=f"v{i} {{x}}")})
+        print(f"resources {version.resources_id}", flush=True)
+        [rollout] = await store.enqueue([RolloutRequest(input=i)])
+        print(f"rollout {rollout.rollout_id}", flush=True)
+        [claimed] = await store.claim("writer")
+        await store.update_attempt(claimed.rollout_id, claimed.attempt.attempt_id, status="succeeded")
+        print(f"succeeded {claimed.rollout_id}", flush=True)
 
 asyncio.run(main(*sys.argv[1:]))
 """
@@ -91,7 +102,7 @@ def test_processes_claim_each_rollout_exactly_once(tmp_path: Path) -> None:
     asyncio.run(check())
 
 
-def test_sigkill_loses_no_acknowledged_span_and_the_attempt_goes_unresponsive(tmp_path: Path) -> None:
+def test_sigkill_loses_no_acknowledged_write_and_the_attempt_goes_unresponsive(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite"
 
     async def start() -> tuple[str, str]:
@@ -109,22 +120,40 @@ def test_sigkill_loses_no_acknowledged_span_and_the_attempt_goes_unresponsive(tm
         text=True,
     )
     assert writer.stdout is not None
-    acknowledged = []
+    acknowledged: dict[str, list[str]] = {}
+    lines = 0
     deadline = time.monotonic() + 60
-    while len(acknowledged) < 200 and time.monotonic() < deadline:
-        acknowledged.append(writer.stdout.readline().split()[1])
+    # 503 lines: killed in the middle of its 101st round (one write of each kind is 5 lines).
+    while lines < 503 and time.monotonic() < deadline:
+        kind, value = writer.stdout.readline().split()
+        acknowledged.setdefault(kind, []).append(value)
+        lines += 1
     os.kill(writer.pid, signal.SIGKILL)
     writer.wait(timeout=10)
     writer.stdout.close()
-    assert len(acknowledged) == 200
+    assert lines == 503
+    assert {kind: len(values) for kind, values in acknowledged.items()} == {
+        "span": 101, "metadata": 101, "resources": 101, "rollout": 100, "succeeded": 100
+    }  # fmt: skip
 
     async def check() -> None:
         store = SqliteStore(path)
         spans = await store.query_spans(rollout_id, attempt_id)
-        stored_ids = {span.span_id for span in spans}
-        assert set(acknowledged) <= stored_ids
+        assert set(acknowledged["span"]) <= {span.span_id for span in spans}
         sequence = [span.sequence_id for span in spans]
         assert sequence == list(range(1, len(spans) + 1))
+        [attempt] = await store.list_attempts(rollout_id)
+        assert set(acknowledged["metadata"]) <= set(attempt.metadata)
+        for number, resources_id in enumerate(acknowledged["resources"], start=1):
+            version = await store.get_resources(resources_id)
+            assert version is not None
+            assert version.resources["prompt"] == PromptTemplate(template=f"v{number} {{x}}")
+        rollouts = await store.query_rollouts()
+        enqueued = {r.rollout_id: r.status for r in rollouts if r.rollout_id != rollout_id}
+        assert set(acknowledged["rollout"]) <= set(enqueued)
+        assert {enqueued[r] for r in acknowledged["succeeded"]} == {"succeeded"}
+        # A rollout the writer enqueued but had not yet claimed would be claimed before the retry.
+        await store.cancel([r for r, status in enqueued.items() if status == "queuing"])
         # Nobody speaks for the killed writer's attempt any more: the watchdog retries the rollout.
         [retry] = await store.claim("survivor", wait_seconds=5)
         assert retry.rollout_id == rollout_id

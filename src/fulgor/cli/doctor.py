@@ -69,8 +69,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "tracking": ("tensorboard>=2.16", "wandb>=0.18"),
     "ray": ("ray>=2.30",),
     "postgres": ("psycopg[binary]>=3.2", "psycopg-pool>=3.2"),
-    "vllm": ("vllm>=0.8",),
-    "verl": ("verl>=0.4",),
+    "vllm": ("vllm>=0.10.2",),
 }
 MIN_PYTHON = (3, 11)
 MIN_SQLITE = (3, 35, 0)  # RETURNING, which the SQLite store's claims use

@@ -537,18 +537,25 @@ def _run_blocking(work: Coroutine[Any, Any, T]) -> T:
 
     thread = threading.Thread(target=target, name="fulgor-trainer")
     thread.start()
-    try:
-        finished.wait()
-    except KeyboardInterrupt:
-        logger.warning("interrupted: stopping runners, server and engine")
-        started.wait()
-        for loop, task in running:
-            with contextlib.suppress(RuntimeError):  # the loop already finished
-                loop.call_soon_threadsafe(task.cancel)
-        finished.wait()
-        thread.join()
-        raise
+    interrupted = False
+    while not finished.is_set():
+        try:
+            finished.wait()
+        except KeyboardInterrupt:
+            # Each Ctrl+C cancels the work once more: the first stops everything in order (the
+            # runners drain their rollouts), the next reaches the drain and stops the runners at once.
+            if interrupted:
+                logger.warning("interrupted again: stopping the runners at once")
+            else:
+                logger.warning("interrupted: stopping runners, server and engine")
+            interrupted = True
+            started.wait()
+            for loop, task in running:
+                with contextlib.suppress(RuntimeError):  # the loop already finished
+                    loop.call_soon_threadsafe(task.cancel)
     thread.join()
+    if interrupted:
+        raise KeyboardInterrupt
     if failure:
         raise failure[0]
     return outcome[0]
