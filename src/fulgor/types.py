@@ -256,6 +256,9 @@ class ModelCall(_Model):
     model_version: int | None = Field(default=None, ge=0, description="The weights version that served it.")
     latency_seconds: float | None = Field(default=None, ge=0)
     agent_name: str | None = None
+    requested_model: str | None = Field(
+        default=None, description="The model the agent's code asked for, when the gateway served another."
+    )
     error: str | None = None
 
     @model_validator(mode="after")

@@ -23,8 +23,9 @@ from gateway_support import GatewayEnv, gateway_env
 from fulgor.engine.app import create_app
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
+from fulgor.gateway import GatewayConfig
 from fulgor.net.asgi import ServerThread
-from fulgor.types import ModelCall
+from fulgor.types import LLM, ModelCall
 
 MODEL = "tiny"
 
@@ -109,3 +110,40 @@ async def test_anthropic_messages_streamed_and_not(env: GatewayEnv, engine: Loca
     assert final.usage.output_tokens > 0
     for call in await env.calls(rollout, 2):
         assert_sampled_by(engine, call)
+
+
+async def test_unchanged_agents_naming_hosted_models_are_served_the_rollouts_model(
+    env: GatewayEnv, engine: LocalEngine
+) -> None:
+    """Code written for gpt-4.1-mini or claude-sonnet-4-5 runs as it is: each call is served by the
+    model the rollout's resources name, and the record keeps the name the agent sent."""
+    await env.store.put_resources({"llm": LLM(endpoint="http://agents-see-the-gateway/v1", model=MODEL)})
+    rollout, base_url = await env.rollout()
+    chat = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    question: Any = [{"role": "user", "content": "What is 2 + 3?"}]
+    await chat.chat.completions.create(model="gpt-4.1-mini", messages=question, max_tokens=8)
+    await chat.responses.create(model="gpt-4.1", input="What is 2 + 3?", max_output_tokens=8)
+    claude = anthropic.AsyncAnthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0)
+    await claude.messages.create(model="claude-sonnet-4-5", max_tokens=8, messages=question)
+    calls = await env.calls(rollout, 3)
+    assert [call.requested_model for call in calls] == ["gpt-4.1-mini", "gpt-4.1", "claude-sonnet-4-5"]
+    assert {call.request["model"] for call in calls} == {MODEL}
+    for call in calls:
+        assert_sampled_by(engine, call)
+    # The model's own name is not rewritten, so nothing is recorded as asked for in its place.
+    await chat.chat.completions.create(model=MODEL, messages=question, max_tokens=8)
+    assert (await env.calls(rollout, 4))[-1].requested_model is None
+
+
+async def test_a_mapping_names_the_model_for_a_name_sent(engine_url: str) -> None:
+    config = GatewayConfig(model_map={"gpt-4.1-mini": "not-this-engine"}, retry_backoff_seconds=0.01)
+    async with gateway_env([engine_url], config) as env:
+        await env.store.put_resources({"llm": LLM(endpoint="http://unused/v1", model=MODEL)})
+        rollout, base_url = await env.rollout()
+        chat = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="'not-this-engine' is not served here"):
+            await chat.chat.completions.create(
+                model="gpt-4.1-mini", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
+        [call] = await env.calls(rollout, 1)
+    assert (call.request["model"], call.requested_model) == ("not-this-engine", "gpt-4.1-mini")

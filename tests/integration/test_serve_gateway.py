@@ -115,3 +115,42 @@ def test_each_upstream_given_is_a_replica_the_gateway_fails_over_to(
         spans = [s for r in rollouts for s in store.query_spans(r.rollout_id, name=semconv.SPAN_MODEL_CALL)]
     calls = [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
     assert [call.engine_replica for call in calls] == [upstream.url] * 4
+
+
+def test_an_upstream_given_as_its_root_url_is_used_under_v1(
+    tmp_path: Path, upstream: ScriptedOpenAIServer
+) -> None:
+    root = upstream.url.removesuffix("/v1")  # what `fulgor engine` prints
+    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
+    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite", "--upstream", root]
+    env = {key: value for key, value in os.environ.items() if key != "FULGOR_TOKEN"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+        assert httpx.get(f"{url}/gateway/state").json()["upstreams"] == [upstream.url]
+        with SyncStore(StoreClient(url)) as store:
+            rollout = store.start_rollout(RolloutRequest(input=1), "w1")
+        chat = openai.OpenAI(
+            base_url=f"{url}/r/{rollout.rollout_id}/{rollout.attempt.attempt_id}/v1", api_key="-"
+        )
+        reply = chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}])
+        assert reply.choices[0].message.content == "42"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+
+
+def test_an_upstream_url_that_is_no_openai_base_url_is_one_error_line(
+    tmp_path: Path, upstream: ScriptedOpenAIServer
+) -> None:
+    wrong = upstream.url.removesuffix("/v1") + "/openai"
+    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
+    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite", "--upstream", wrong]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"upstream {wrong} answers 404 to GET /models" in error
+    assert "ending in /v1" in error
+    assert "Traceback" not in result.stderr

@@ -51,6 +51,15 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, required: bool) -
         help="do not ask upstreams for token ids (APIs that reject vLLM fields); calls are flagged",
     )
     parser.add_argument(
+        "--model-map",
+        action="append",
+        type=_model_map_entry,
+        default=[],
+        metavar="NAME=MODEL",
+        help="serve calls that name NAME with MODEL (repeat); other calls get the model their "
+        "rollout's resources name, whatever model the agent sends",
+    )
+    parser.add_argument(
         "--model-version",
         type=non_negative_int,
         help="the weights version (a whole number) recorded on calls whose upstream names none",
@@ -58,14 +67,27 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, required: bool) -
 
 
 def build_gateway(args: argparse.Namespace, store: Any, key: str | None) -> Any:
-    """A Gateway over ``store`` from the flags of :func:`add_upstream_arguments`."""
+    """A Gateway over ``store`` from the flags of :func:`add_upstream_arguments`; each upstream is
+    asked for its models first (ConfigError for a URL that is no OpenAI base URL)."""
+    import asyncio
+
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
+    from fulgor.gateway.upstreams import check_upstreams
 
     upstreams = [
         Upstream(url, api_key=args.upstream_api_key, request_token_ids=not args.no_token_ids)
         for url in args.upstream
     ]
-    return create_gateway_app(store, upstreams, GatewayConfig(api_key=key, model_version=args.model_version))
+    upstreams = asyncio.run(check_upstreams(upstreams))
+    config = GatewayConfig(api_key=key, model_version=args.model_version, model_map=dict(args.model_map))
+    return create_gateway_app(store, upstreams, config)
+
+
+def _model_map_entry(text: str) -> tuple[str, str]:
+    name, equals, model = text.partition("=")
+    if not equals or not name or not model:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=MODEL, e.g. gpt-4.1-mini=small")
+    return name, model
 
 
 def _run(args: argparse.Namespace) -> int:

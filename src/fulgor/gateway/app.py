@@ -38,9 +38,10 @@ from fulgor.gateway.errors import (
 )
 from fulgor.gateway.extract import Endpoint
 from fulgor.gateway.guard import RolloutGuard
+from fulgor.gateway.model_names import ModelNames
 from fulgor.gateway.proxy import Api, CallContext, forward_call
 from fulgor.gateway.recorder import CallRecord, Recorder
-from fulgor.gateway.upstreams import UpstreamPool
+from fulgor.gateway.upstreams import UpstreamPool, check_upstreams
 from fulgor.net.http_client import HttpClient
 from fulgor.store.base import Store
 
@@ -82,12 +83,7 @@ class Gateway:
             connect_timeout_seconds=config.connect_timeout_seconds,
             read_timeout_seconds=config.read_timeout_seconds,
         )
-        self.upstreams = UpstreamPool(
-            upstreams,
-            self._client,
-            max_retries=config.max_retries,
-            retry_backoff_seconds=config.retry_backoff_seconds,
-        )
+        self.upstreams = self._pool(upstreams)
         self.recorder = Recorder(
             store,
             queue_size=config.record_queue_size,
@@ -96,6 +92,7 @@ class Gateway:
             retry_seconds=config.record_retry_seconds,
         )
         self._guard = RolloutGuard(store, config.rollout_cache_seconds) if config.check_rollouts else None
+        self._model_names = ModelNames(store, config.model_map, config.default_model)
         self._api_key = config.api_key.encode() if config.api_key else None
         self.model_version = config.model_version
         self.paused = False
@@ -106,15 +103,29 @@ class Gateway:
         self._call_ended = asyncio.Event()
         self._started = False
 
+    def _pool(self, upstreams: Sequence[Upstream]) -> UpstreamPool:
+        return UpstreamPool(
+            upstreams,
+            self._client,
+            max_retries=self.config.max_retries,
+            retry_backoff_seconds=self.config.retry_backoff_seconds,
+        )
+
     # -- lifecycle and admin (Python API) ---------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the recorder; called by the ASGI lifespan or, failing that, by the first call."""
-        if not self._started:
-            self._started = True
-            self._idle = asyncio.Event()
-            self._idle.set()
-            self.recorder.start()
+        """Check the upstreams (:func:`~fulgor.gateway.upstreams.check_upstreams`: ConfigError for
+        one that is no OpenAI base URL) and start the recorder; called by the ASGI lifespan or,
+        failing that, by the first call."""
+        if self._started:
+            return
+        checked = await check_upstreams(self.upstreams.upstreams, self.config.connect_timeout_seconds)
+        if checked != list(self.upstreams.upstreams):
+            self.upstreams = self._pool(checked)
+        self._started = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.recorder.start()
 
     async def close(self) -> None:
         """Write what is still queued, then close upstream connections."""
@@ -291,7 +302,13 @@ class Gateway:
             request = _parse_object(await _read_body(receive), required=True)
             translate = _TRANSLATIONS.get(route)
             upstream_request = translate(request) if translate else request
+            sent = upstream_request.get("model")
+            sent = sent if isinstance(sent, str) else None
+            served = await self._model_names.upstream_model(rollout_id, sent)
+            if served != sent:
+                upstream_request = {**upstream_request, "model": served}
             record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
+            record.requested_model = sent if served != sent else None
             _read_call_headers(scope, record)
             await self._reserve_unless_paused()
             # Read after the last pause check: a call let through after resume() gets the new version.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -56,6 +57,10 @@ class GatewayConfig:
     written; beyond that new calls wait (backpressure). Spans are written ``record_batch_size`` at
     a time, after waiting up to ``record_linger_seconds`` for a batch to fill; a store that is away
     is retried for ``record_retry_seconds`` before spans are counted as lost.
+
+    Every call is served with the model its rollout's resources name, whatever model the agent's
+    code sends (:mod:`fulgor.gateway.model_names`), unless ``model_map`` names the model for the
+    name sent; ``default_model`` serves rollouts whose resources name no LLM.
     """
 
     api_key: str | None = None
@@ -71,6 +76,8 @@ class GatewayConfig:
     record_retry_seconds: float = 30.0
     retry_after_seconds: float = 2.0
     model_version: int | None = None
+    model_map: Mapping[str, str] = field(default_factory=dict)
+    default_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.record_queue_size < 1 or self.record_batch_size < 1:

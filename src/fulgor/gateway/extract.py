@@ -168,7 +168,8 @@ class StreamAccumulator:
         if choice.get("finish_reason"):
             state.finish_reason = choice["finish_reason"]
         version = choice.get("model_version", chunk.get("model_version"))
-        state.model_version = _version(version) or state.model_version
+        if _version(version) is not None:
+            state.model_version = _version(version)
 
     def records(self) -> list[ChoiceRecord]:
         return [self._record(index, state) for index, state in sorted(self._choices.items())]

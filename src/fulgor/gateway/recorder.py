@@ -66,6 +66,7 @@ class CallRecord:
     trace_id: str | None = None
     parent_id: str | None = None
     model_version: int | None = None
+    requested_model: str | None = None
 
 
 class Recorder:
@@ -168,7 +169,7 @@ class Recorder:
         error = record.error or parsed.error
         if error is not None or not parsed.choices:
             error = error or _error_text(record)
-            return [self._span(record, ModelCall(request=record.request, response={}, error=error), 0)]
+            return [self._span(record, ModelCall(**_what_was_sent(record), error=error), 0)]
         counts = _ids_against_usage(parsed)
         calls = [
             self._model_call(record, choice, streamed=parsed.streamed, counts=counts)
@@ -181,14 +182,10 @@ class Recorder:
     ) -> ModelCall:
         """``counts`` is (ids returned, usage.completion_tokens) when the call's ids disagree with
         its usage."""
-        common: JsonDict = {
-            "request": record.request,
-            "response": choice.response,
-            "engine_replica": record.replica,
-            "model_version": choice.model_version or record.model_version,
-            "latency_seconds": record.latency_seconds,
-            "agent_name": record.agent_name,
-        }
+        common = _what_was_sent(record)
+        common["response"] = choice.response
+        if choice.model_version is not None:  # the engine's own word on the weights that served it
+            common["model_version"] = choice.model_version
         if streamed and choice.response.get("finish_reason") is None:
             # Recorded as an error, not as token_ids_missing: the upstream did return ids, but the
             # stream stopped before the choice did, so its ids are a cut-off sample. It is a failed
@@ -253,6 +250,18 @@ class Recorder:
                 semconv.RESOURCE_ATTEMPT_ID: record.attempt_id,
             },
         )
+
+
+def _what_was_sent(record: CallRecord) -> JsonDict:
+    """The ModelCall fields every span of a call shares, whatever the upstream answered."""
+    return {
+        "request": record.request,
+        "engine_replica": record.replica,
+        "model_version": record.model_version,
+        "latency_seconds": record.latency_seconds,
+        "agent_name": record.agent_name,
+        "requested_model": record.requested_model,
+    }
 
 
 _UNFINISHED = (

@@ -11,16 +11,18 @@ took the request but did not answer within the read timeout is not retried anywh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from fulgor.errors import ConfigError
 from fulgor.gateway.config import Upstream
 from fulgor.gateway.errors import UpstreamError, UpstreamTimeoutError
 from fulgor.net.http_client import HttpClient, HttpResponse, TransportError
 
-__all__ = ["UpstreamPool", "with_token_id_request"]
+__all__ = ["UpstreamPool", "check_upstreams", "with_token_id_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,3 +110,60 @@ def _headers(upstream: Upstream) -> str:
     if upstream.api_key:
         lines += f"Authorization: Bearer {upstream.api_key}\r\n"
     return lines
+
+
+# A server that answers these to GET .../models is there (401/403: it wants a key the gateway may
+# send only with calls); a 404 means this is not its OpenAI base URL.
+_THERE = frozenset({200, 401, 403})
+
+
+async def check_upstreams(upstreams: Sequence[Upstream], timeout_seconds: float = 5.0) -> list[Upstream]:
+    """Each upstream as the gateway should call it, after asking it for ``GET {url}/models``.
+
+    An upstream given without its ``/v1`` (``fulgor engine`` prints its root URL) that answers at
+    ``{url}/v1/models`` is used at ``{url}/v1``. One that answers 404 at both is refused with a
+    ConfigError that says what to pass. One that cannot be reached yet is kept, with a warning: an
+    engine may start after the gateway, and calls fail (and are retried) until it answers.
+    """
+    client = HttpClient(connect_timeout_seconds=timeout_seconds, read_timeout_seconds=timeout_seconds)
+    try:
+        return [await _checked(client, upstream) for upstream in upstreams]
+    finally:
+        await client.close()
+
+
+async def _checked(client: HttpClient, upstream: Upstream) -> Upstream:
+    status = await _models_status(client, upstream)
+    if status is None or status in _THERE:
+        return upstream
+    if status == 404 and not upstream.base_path.endswith("/v1"):
+        with_v1 = dataclasses.replace(upstream, url=upstream.url.rstrip("/") + "/v1")
+        if await _models_status(client, with_v1) in _THERE:
+            logger.info("upstream %s serves the OpenAI API under /v1: using %s", upstream.url, with_v1.url)
+            return with_v1
+    if status == 404:
+        raise ConfigError(
+            f"upstream {upstream.url} answers 404 to GET /models (and /v1/models): it is not the base "
+            "URL of an OpenAI-compatible server; pass the URL its API lives under, ending in /v1 "
+            "(fulgor engine's is the URL it prints, plus /v1)"
+        )
+    logger.warning("upstream %s answered %d to GET /models; calls may fail", upstream.url, status)
+    return upstream
+
+
+async def _models_status(client: HttpClient, upstream: Upstream) -> int | None:
+    """The status of ``GET {url}/models``; None when the upstream cannot be reached (warned)."""
+    try:
+        response = await client.request(
+            "GET",
+            (upstream.scheme, upstream.host, upstream.port),
+            upstream.base_path + "/models",
+            _headers(upstream),
+        )
+        await response.read()
+    except OSError as error:
+        logger.warning(
+            "upstream %s cannot be reached yet (%s); its calls fail until it answers", upstream.url, error
+        )
+        return None
+    return response.status
