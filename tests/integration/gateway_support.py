@@ -77,9 +77,10 @@ RawHandler = Callable[[JsonDict, asyncio.StreamWriter], Awaitable[None]]
 
 
 class RawUpstream:
-    """An upstream on loopback that answers each request with ``handler(request, writer)``: for
-    what the scripted server never does (streams cut short, error chunks, hung engines, vLLM
-    fields). One request per connection; the connection is closed after the handler returns."""
+    """An upstream on loopback that answers each call with ``handler(request, writer)``: for what
+    the scripted server never does (streams cut short, error chunks, hung engines, vLLM fields).
+    ``GET .../models`` (the gateway's check when it starts) gets a model list. One request per
+    connection; the connection is closed after the handler returns."""
 
     def __init__(self, handler: RawHandler) -> None:
         self.handler = handler
@@ -116,6 +117,9 @@ class RawUpstream:
                 0,
             )
             body = await reader.readexactly(length)
+            if head.startswith("get "):  # the gateway's check of its upstreams when it starts
+                await write_json(writer, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+                return
             self.requests.append(json.loads(body) if body else {})
             await self.handler(self.requests[-1], writer)
         except (OSError, asyncio.IncompleteReadError):

@@ -44,6 +44,7 @@ EXIT_SECONDS = 120
 ROLLOUTS = 4  # one step: 2 tasks x 2 rollouts, two on each of the 2 runners (2 at a time each)
 RUN = "from tests.integration.interrupted_fit import main; main()"
 
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("interrupt") / "tiny", "tiny", seed=0)

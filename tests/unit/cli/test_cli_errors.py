@@ -50,6 +50,11 @@ BAD_INPUTS = {
         2,
         "'http://h:99999/v1'",
     ),
+    "serve model map without a model": (
+        ["serve", "--store", "memory://", "--port", "0", "--upstream", UPSTREAM, "--model-map", "gpt-4.1"],
+        2,
+        "is not NAME=MODEL",
+    ),
     "gateway upstream port not a number": (
         ["gateway", "--store", "sqlite:///{tmp}/s.sqlite", "--port", "0", "--upstream", "http://h:abc/v1"],
         2,

@@ -64,3 +64,32 @@ async def test_the_gateway_works_mounted_in_a_fastapi_app() -> None:
         await gateway.settle()
         assert len(await store.query_spans(rollout.rollout_id)) == 1
         await gateway.close()
+
+
+def test_the_command_line_hands_its_model_map_and_version_to_the_gateway() -> None:
+    import argparse
+
+    from fulgor.cli.gateway import add_upstream_arguments, build_gateway
+
+    parser = argparse.ArgumentParser()
+    add_upstream_arguments(parser, required=True)
+    args = parser.parse_args(
+        ["--upstream", "http://127.0.0.1:1/v1", "--model-map", "gpt-4.1-mini=small", "--model-version", "3"]
+    )
+    gateway = build_gateway(args, MemoryStore(), None)  # the upstream is not up: kept, with a warning
+    assert dict(gateway.config.model_map) == {"gpt-4.1-mini": "small"}
+    assert gateway.model_version == 3
+
+
+async def test_the_gateways_state_counts_the_spans_the_store_never_got() -> None:
+    async with ScriptedOpenAIServer() as upstream:
+        store = MemoryStore()
+        gateway = create_gateway_app(store, [upstream.url], GatewayConfig(check_rollouts=False))
+        async with serve_asgi(gateway) as url, httpx.AsyncClient() as http:
+            # No such rollout in the store: it refuses the call's span, which is counted as lost.
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            assert (await http.post(f"{url}/r/ro-x/at-x/v1/chat/completions", json=body)).status_code == 200
+            await gateway.settle()
+            state = (await http.get(f"{url}/gateway/state")).json()
+    assert state["recorder"]["spans_lost"] == 1
+    assert gateway.spans_lost("ro-x") == 1

@@ -483,3 +483,21 @@ def test_draining_can_begin_while_a_held_request_registers() -> None:
     thread.start()
     thread.join(timeout=10)
     assert results == ["answered at once"]
+
+
+def test_the_server_app_is_built_and_served_without_a_web_framework() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fulgor.server import BackgroundServer, ServerConfig, create_app\n"
+        "from fulgor.store.memory import MemoryStore\n"
+        "with BackgroundServer(create_app(ServerConfig(store=MemoryStore()))) as server:\n"
+        "    import urllib.request\n"
+        "    assert urllib.request.urlopen(server.url + '/healthz').status == 200\n"
+        "print(sorted(m for m in ('fastapi', 'starlette') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
