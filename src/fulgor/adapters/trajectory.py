@@ -1,6 +1,6 @@
 """Spans -> trajectories: the exact tokens a rollout's model calls sampled, ready for training.
 
-Rules (DESIGN.md, "Trajectories"):
+Rules (docs/architecture.md, "Trajectories"):
 
 * A rollout's model calls are taken in the order the store recorded them. Consecutive calls merge
   into one token row only when the next call's prompt ids start with the previous row's ids

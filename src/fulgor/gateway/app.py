@@ -1,6 +1,6 @@
 """Gateway: the ASGI app behind ``/r/{rollout_id}/{attempt_id}/v1`` that records every model call.
 
-Routes (all under one base URL per attempt, see DESIGN.md "Gateway URLs"):
+Routes (all under one base URL per attempt, see docs/architecture.md, "Gateway URLs"):
 ``POST .../v1/chat/completions``, ``POST .../v1/completions``, ``GET .../v1/models`` (OpenAI),
 ``POST .../v1/responses`` (OpenAI Responses) and ``POST .../v1/messages`` (Anthropic Messages); the
 last two are translated to chat completions, so the recorded request is always a chat or text

@@ -1,6 +1,6 @@
 """Zero-code agents: any program, in any language, run once per rollout.
 
-The program learns everything from its environment (DESIGN.md, "Zero-code agents"):
+The program learns everything from its environment (docs/architecture.md, "Zero-code agents"):
 
 =====================  ==========================================================================
 ``OPENAI_BASE_URL``    the rollout's OpenAI-compatible base URL (the ``llm`` resource's endpoint)

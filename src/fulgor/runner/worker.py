@@ -41,7 +41,7 @@ def default_worker_id() -> str:
 
 
 def gateway_base_url(gateway_url: str, rollout_id: str, attempt_id: str) -> str:
-    """The per-rollout OpenAI base URL the gateway serves (DESIGN.md, "Gateway URLs")."""
+    """The per-rollout OpenAI base URL the gateway serves (docs/architecture.md, "Gateway URLs")."""
     return f"{gateway_url.rstrip('/')}/r/{rollout_id}/{attempt_id}/v1"
 
 
