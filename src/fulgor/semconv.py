@@ -1,6 +1,6 @@
 """Span names and attribute keys: the one place that names what fulgor records.
 
-The gateway, the agent helpers, the adapters and the dashboard all read and write spans through
+The gateway, the agent helpers, the runners and the adapters read and write spans through
 these constants, so a name changes in one place only.
 """
 

@@ -5,8 +5,10 @@ The program learns everything from its environment (docs/architecture.md, "Zero-
 =====================  ==========================================================================
 ``OPENAI_BASE_URL``    the rollout's OpenAI-compatible base URL (the ``llm`` resource's endpoint)
 ``OPENAI_API_KEY``     the ``llm`` resource's key (a placeholder when it has none)
+``ANTHROPIC_API_KEY``  the same key (the gateway takes it as ``x-api-key`` too)
 ``ANTHROPIC_BASE_URL`` the same URL without the trailing ``/v1`` (the Anthropic SDK appends it)
 ``FULGOR_BASE_URL``    the same URL without ``/v1``: the rollout's root on the gateway
+``FULGOR_MODEL``       the ``llm`` resource's model name
 ``FULGOR_REWARD_URL``  ``POST {"value": 1.0}`` here (or ``{"values": {...}, "primary": ...}``)
 ``FULGOR_ROLLOUT_ID``  the rollout id (``FULGOR_ATTEMPT_ID`` the attempt id)
 ``FULGOR_TASK``        the task input as JSON; left out when longer than 128 KiB (Linux refuses

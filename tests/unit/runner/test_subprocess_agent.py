@@ -295,3 +295,10 @@ async def test_the_program_gets_the_rollouts_root_on_the_gateway(store: MemorySt
     [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
     # The llm resource's endpoint without its /v1: where the rollout's API paths start.
     assert message.attributes[semconv.ATTR_MESSAGE_BODY] == "http://127.0.0.1:9/r/x/y tiny\n"
+
+
+async def test_the_program_gets_its_attempt_id(store: MemoryStore) -> None:
+    [rollout_id] = await run_all(store, SubprocessAgent(["bash", "-c", 'echo "$FULGOR_ATTEMPT_ID"']), [{}])
+    [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
+    [attempt] = await store.list_attempts(rollout_id)
+    assert message.attributes[semconv.ATTR_MESSAGE_BODY] == f"{attempt.attempt_id}\n"
