@@ -378,16 +378,17 @@ def test_a_forced_tool_choice_is_refused_with_what_is_supported(url: str, client
         assert _post(url, "/v1/chat/completions", {**chat, "tool_choice": choice}).status_code == 200
 
 
-@pytest.mark.parametrize(
+DISCONNECTING = pytest.mark.parametrize(
     ("path", "body"),
     [
         ("/v1/completions", {"prompt": "Count"}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
     ],
 )
-async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
-    url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
-) -> None:
+
+
+def generation_ends(engine: LocalEngine, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How each generation the engine starts from now on ends: ``finished`` or ``cancelled``."""
     ends: list[str] = []
     generate = engine.generate
 
@@ -401,6 +402,14 @@ async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
             ends.append("finished" if finished else "cancelled")
 
     monkeypatch.setattr(engine, "generate", watched)
+    return ends
+
+
+@DISCONNECTING
+async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
+    url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    ends = generation_ends(engine, monkeypatch)
     request = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, **body}
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         call = asyncio.create_task(http.post(path, json=request))
@@ -413,29 +422,11 @@ async def test_a_whole_answer_stops_generating_when_its_client_disconnects(
     await until(lambda: engine.stats()["running"] == 0, timeout_seconds=2)
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/completions", {"prompt": "Count"}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
-    ],
-)
+@DISCONNECTING
 async def test_a_stream_stops_generating_when_its_client_disconnects(
     url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
 ) -> None:
-    ends: list[str] = []
-    generate = engine.generate
-
-    async def watched(*args: Any, **kwargs: Any) -> AsyncIterator[tuple[int, Event]]:
-        finished = False
-        try:
-            async for index, event in generate(*args, **kwargs):
-                finished = finished or isinstance(event, FinishEvent)
-                yield index, event
-        finally:
-            ends.append("finished" if finished else "cancelled")
-
-    monkeypatch.setattr(engine, "generate", watched)
+    ends = generation_ends(engine, monkeypatch)
     request = {"model": MODEL, "max_tokens": 400, "ignore_eos": True, "stream": True, **body}
     async with (
         httpx.AsyncClient(base_url=url, timeout=60) as http,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,18 +31,31 @@ def upstream() -> Iterator[ScriptedOpenAIServer]:
         yield server
 
 
+@contextlib.contextmanager
+def serving(tmp_path: Path, upstreams: list[str], token: str | None = None) -> Iterator[str]:
+    """``fulgor serve --upstream ...`` on a free port, its URL; SIGTERM on leaving (a clean exit)."""
+    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
+    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite"]
+    for url in upstreams:
+        command += ["--upstream", url]
+    env = {key: value for key, value in os.environ.items() if key != "FULGOR_TOKEN"}
+    if token is not None:
+        env["FULGOR_TOKEN"] = token
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)  # the gateway writes the calls it still holds, then stops
+        assert process.wait(timeout=15) == 0
+
+
 @pytest.fixture
 def serve(tmp_path: Path, upstream: ScriptedOpenAIServer) -> Iterator[str]:
-    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
-    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite", "--upstream", upstream.url]
-    env = {**os.environ, "FULGOR_TOKEN": TOKEN}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert process.stdout is not None
-    url = process.stdout.readline().strip()
-    assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
-    yield url
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=15) == 0
+    with serving(tmp_path, [upstream.url], TOKEN) as url:
+        yield url
 
 
 def test_one_process_serves_the_store_and_records_calls_through_the_gateway(
@@ -85,21 +99,7 @@ def test_each_upstream_given_is_a_replica_the_gateway_fails_over_to(
     with socket.socket() as probe:  # a port nothing listens on: a replica that is down
         probe.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
-    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
-    command += [
-        "--store",
-        f"sqlite:///{tmp_path}/store.sqlite",
-        "--upstream",
-        dead,
-        "--upstream",
-        upstream.url,
-    ]
-    env = {key: value for key, value in os.environ.items() if key != "FULGOR_TOKEN"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+    with serving(tmp_path, [dead, upstream.url]) as url:
         assert httpx.get(f"{url}/gateway/state").json()["upstreams"] == [dead, upstream.url]
         with SyncStore(StoreClient(url)) as store:
             rollouts = [store.start_rollout(RolloutRequest(input=i), "w1") for i in range(4)]
@@ -108,9 +108,6 @@ def test_each_upstream_given_is_a_replica_the_gateway_fails_over_to(
             chat = openai.OpenAI(base_url=base, api_key="-", max_retries=0)
             reply = chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}])
             assert reply.choices[0].message.content == "42"
-    finally:
-        process.send_signal(signal.SIGTERM)  # the gateway writes the calls it still holds, then stops
-        assert process.wait(timeout=15) == 0
     with SyncStore(SqliteStore(tmp_path / "store.sqlite")) as store:
         spans = [s for r in rollouts for s in store.query_spans(r.rollout_id, name=semconv.SPAN_MODEL_CALL)]
     calls = [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
@@ -121,25 +118,15 @@ def test_an_upstream_given_as_its_root_url_is_used_under_v1(
     tmp_path: Path, upstream: ScriptedOpenAIServer
 ) -> None:
     root = upstream.url.removesuffix("/v1")  # what `fulgor engine` prints
-    command = [sys.executable, "-m", "fulgor.cli.main", "serve", "--port", "0"]
-    command += ["--store", f"sqlite:///{tmp_path}/store.sqlite", "--upstream", root]
-    env = {key: value for key, value in os.environ.items() if key != "FULGOR_TOKEN"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        assert url.startswith("http://"), process.stderr.read() if process.stderr else ""
+    with serving(tmp_path, [root]) as url:
         assert httpx.get(f"{url}/gateway/state").json()["upstreams"] == [upstream.url]
         with SyncStore(StoreClient(url)) as store:
             rollout = store.start_rollout(RolloutRequest(input=1), "w1")
-        chat = openai.OpenAI(
-            base_url=f"{url}/r/{rollout.rollout_id}/{rollout.attempt.attempt_id}/v1", api_key="-"
+        base = f"{url}/r/{rollout.rollout_id}/{rollout.attempt.attempt_id}/v1"
+        reply = openai.OpenAI(base_url=base, api_key="-").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "6*7?"}]
         )
-        reply = chat.chat.completions.create(model="m", messages=[{"role": "user", "content": "6*7?"}])
         assert reply.choices[0].message.content == "42"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
 
 
 def test_an_upstream_url_that_is_no_openai_base_url_is_one_error_line(

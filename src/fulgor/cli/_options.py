@@ -21,24 +21,12 @@ def port_number(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """A count: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too small; pass 1 or more")
-    return value
+    return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """A whole number of at least 0 (a version number)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass 0 or more") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is too small; pass 0 or more")
-    return value
+    return _whole_number(text, 0)
 
 
 def positive_float(text: str) -> float:
@@ -54,6 +42,16 @@ def non_negative_float(text: str) -> float:
     value = _finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass {least} or more") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is too small; pass {least} or more")
     return value
 
 
