@@ -51,14 +51,9 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 6
 
 
 def start_agentlightning(
-    venv: Path, upstream: str, clients: int
+    python: Path, upstream: str, clients: int
 ) -> tuple[subprocess.Popen[bytes], list[str]]:
-    python = venv / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(
-            f"no {venv}; create it with: python -m venv {venv} && "
-            f"{venv}/bin/pip install --ignore-requires-python agentlightning==1.0.2"
-        )
+    """Agent Lightning's server (its gateway inside) run by ``python``, with ``clients`` rollouts."""
     port = _free_port()
     run_dir = tempfile.mkdtemp(prefix="agl-gateway-bench-")
     command = [str(python), "-m", "agentlightning.server", f"key={KEY}", "host=127.0.0.1", f"port={port}"]

@@ -15,9 +15,10 @@ through each gateway (each in its own process, one rollout per client):
 
 fulgor records every call into its store (memory, and SQLite as the embedded default).
 ``--vs-agentlightning`` runs Agent Lightning 1.0.2's gateway (``agentlightning.gateway``) the same
-way; it lives in ``.bench/agentlightning-1.0.2`` (``pip install --ignore-requires-python
-agentlightning==1.0.2``). ``--compare-clients`` measures the CPU cost per call of the candidate
-upstream HTTP clients (httpx, aiohttp when installed, fulgor's own) and JSON codecs in this process.
+way; it lives in ``.bench/agentlightning-1.0.2`` (created with ``pip install
+--ignore-requires-python agentlightning==1.0.2`` when missing). ``--compare-clients`` measures the
+CPU cost per call of the candidate upstream HTTP clients (httpx, aiohttp when installed, fulgor's
+own) and JSON codecs in this process.
 
 The load generator is fulgor's lean HTTP/1.1 client, so the client side costs the same for every
 target. On a small machine the three processes share the cores: compare figures from one run.
@@ -43,10 +44,10 @@ from typing import Any
 
 from _agentlightning_gateway import start_agentlightning
 from fulgor.net.http_client import HttpClient
+from store import ensure_agentlightning
 
 ROOT = Path(__file__).resolve().parent.parent
 AGL_VERSION = "1.0.2"
-AGL_VENV = ROOT / ".bench" / f"agentlightning-{AGL_VERSION}"
 CONCURRENCY = 32
 MESSAGES = [
     {"role": "system", "content": "You are a careful assistant that uses tools when they help. " * 4},
@@ -336,7 +337,9 @@ def run(args: argparse.Namespace) -> int:
             processes.append(process)
             results.append(measure(target, args.requests, args.seconds))
         if args.vs_agentlightning:
-            agl_process, bases = start_agentlightning(AGL_VENV, upstream, CONCURRENCY)
+            # 1.0.2 declares Python >= 3.12 but runs on 3.11 for its gateway.
+            python = ensure_agentlightning(AGL_VERSION, ["--ignore-requires-python"])
+            agl_process, bases = start_agentlightning(python, upstream, CONCURRENCY)
             processes.append(agl_process)
             target = Target(f"Agent Lightning {AGL_VERSION} gateway", bases, agl_process.pid)
             results.append(measure(target, args.requests, args.seconds))

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,6 @@ from fulgor.types import RolloutRequest, Span, SpanStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 AGL_VERSION = "0.3.0"
-AGL_VENV = ROOT / ".bench" / f"agentlightning-{AGL_VERSION}"
 AGL_SCRIPT = Path(__file__).resolve().parent / "_agentlightning_store.py"
 AGL_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 PASSES = {"per_span": "A one call per span", "batched": "B one call per rollout"}
@@ -178,49 +177,48 @@ def _fulgor_backends() -> tuple[list[Backend], list[str]]:
 # -- Agent Lightning side -------------------------------------------------------------------------
 
 
-def _agl_python() -> Path:
-    return AGL_VENV / "bin" / "python"
-
-
 def _agl_env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env.update(AGL_ENV)
     return env
 
 
-def _agl_installed() -> bool:
-    if not _agl_python().exists():
-        return False
+def ensure_agentlightning(version: str = AGL_VERSION, pip_options: Sequence[str] = ()) -> Path:
+    """The python of ``.bench/agentlightning-VERSION``, a virtual environment with that version of
+    agentlightning, created when missing (``pip_options`` go to its ``pip install``)."""
+    venv = ROOT / ".bench" / f"agentlightning-{version}"
+    python = venv / "bin" / "python"
+    if _installed_version(python) == version:
+        return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    log_path = venv.parent / f"agl-{version}-install.log"
+    print(f"installing agentlightning=={version} into {venv} (log: {log_path}) ...", file=sys.stderr)
+    base_python = shutil.which("python3") or sys.executable
+    with log_path.open("w") as log:
+        for command in (
+            [base_python, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "--upgrade", "pip"],
+            [str(python), "-m", "pip", "install", *pip_options, f"agentlightning=={version}"],
+        ):
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=_agl_env(), check=True)
+    if _installed_version(python) != version:
+        raise RuntimeError(f"agentlightning=={version} is not importable in {venv}; see {log_path}")
+    return python
+
+
+def _installed_version(python: Path) -> str | None:
+    if not python.exists():
+        return None
     probe = subprocess.run(
-        [str(_agl_python()), "-c", "import importlib.metadata as m; print(m.version('agentlightning'))"],
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('agentlightning'))"],
         capture_output=True,
         text=True,
         env=_agl_env(),
         check=False,
     )
-    return probe.returncode == 0 and probe.stdout.strip() == AGL_VERSION
-
-
-def ensure_agentlightning() -> Path:
-    """The python of a virtual environment with agentlightning==0.3.0, created when missing."""
-    if _agl_installed():
-        return _agl_python()
-    AGL_VENV.parent.mkdir(parents=True, exist_ok=True)
-    log_path = AGL_VENV.parent / "agl-install.log"
-    print(f"installing agentlightning=={AGL_VERSION} into {AGL_VENV} (log: {log_path}) ...", file=sys.stderr)
-    base_python = shutil.which("python3") or sys.executable
-    with log_path.open("w") as log:
-        for command in (
-            [base_python, "-m", "venv", str(AGL_VENV)],
-            [str(_agl_python()), "-m", "pip", "install", "--upgrade", "pip"],
-            [str(_agl_python()), "-m", "pip", "install", f"agentlightning=={AGL_VERSION}"],
-        ):
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
-            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=_agl_env(), check=True)
-    if not _agl_installed():
-        raise RuntimeError(f"agentlightning=={AGL_VERSION} is not importable in {AGL_VENV}; see {log_path}")
-    return _agl_python()
+    return probe.stdout.strip() if probe.returncode == 0 else None
 
 
 def _run_agl(python: Path, rollouts: int, spans_per_rollout: int) -> dict[str, Any]:
