@@ -22,6 +22,9 @@ own) and JSON codecs in this process.
 
 The load generator is fulgor's lean HTTP/1.1 client, so the client side costs the same for every
 target. On a small machine the three processes share the cores: compare figures from one run.
+The last line is ``RESULT ...``: with ``--vs-agentlightning`` its ``target_met`` says whether
+fulgor's gateway (SQLite store) added at most 1.5 ms to the median call, spent at most a third of
+Agent Lightning's CPU per call and served at least twice its requests/s with 32 clients.
 """
 
 from __future__ import annotations
@@ -304,6 +307,33 @@ def report(results: list[Result]) -> list[str]:
     return lines
 
 
+# The goal: recording costs the agent little, and far less than Agent Lightning's gateway does.
+MAX_ADDED_P50_MS = 1.5
+MAX_CPU_VS_AGL = 1 / 3
+MIN_RPS_VS_AGL = 2.0
+
+
+def result_line(results: list[Result]) -> str:
+    """``RESULT ...``: what fulgor's gateway adds and spends (SQLite store, the embedded default),
+    against the goal; the ratios and ``target_met`` need the Agent Lightning run."""
+    direct, sqlite = results[0], next(r for r in results if "sqlite" in r.name)
+    added = sqlite.p50_ms - direct.p50_ms
+    fields = {
+        "added_p50_ms": f"{added:.3f}",
+        "cpu_ms_per_call": f"{sqlite.cpu_ms_concurrent or 0:.3f}",
+        "rps_32_clients": f"{sqlite.rps:.0f}",
+    }
+    agl = next((r for r in results if r.name.startswith("Agent Lightning")), None)
+    if agl is not None and agl.cpu_ms_concurrent and sqlite.cpu_ms_concurrent:
+        cpu_ratio = sqlite.cpu_ms_concurrent / agl.cpu_ms_concurrent
+        rps_ratio = sqlite.rps / agl.rps
+        met = added <= MAX_ADDED_P50_MS and cpu_ratio <= MAX_CPU_VS_AGL and rps_ratio >= MIN_RPS_VS_AGL
+        fields.update(
+            cpu_vs_agl=f"{cpu_ratio:.3f}", rps_vs_agl=f"{rps_ratio:.2f}", target_met=str(met).lower()
+        )
+    return "RESULT " + " ".join(f"{name}={value}" for name, value in fields.items())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -360,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
             process.terminate()
             process.wait(10)
     print("\n".join(lines))
+    print(result_line(results))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0
