@@ -113,7 +113,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
-    serve_forever(app, sock, access_log=args.verbose)
+    try:
+        serve_forever(app, sock, access_log=args.verbose)
+    except FulgorError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
     return 0
 
 

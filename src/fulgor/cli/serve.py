@@ -82,5 +82,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
-    serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.draining.begin)
+    try:
+        serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.draining.begin)
+    except FulgorError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        return 1
     return 0

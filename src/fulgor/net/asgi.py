@@ -181,12 +181,20 @@ class ServerThread:
 def serve_forever(
     app: Any, sock: socket.socket, *, access_log: bool = False, on_shutdown: ShutdownHook | None = None
 ) -> None:
-    """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly and close ``sock``."""
+    """Serve in the foreground until SIGINT or SIGTERM, then shut down cleanly and close ``sock``.
+
+    Raises ConfigError when the app's startup fails (uvicorn logs why and would exit the process).
+    """
     server = _server(app, access_log=access_log, on_shutdown=on_shutdown)
+    url = url_of(sock)
     # uvicorn re-raises the signal after a graceful shutdown; quiet handlers make that a normal return.
     previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
+    except SystemExit as exited:  # uvicorn exits the process when the app's startup fails
+        raise ConfigError(
+            f"the server on {url} did not start (exit status {exited.code}); the log above says why"
+        ) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

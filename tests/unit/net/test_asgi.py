@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from fulgor.errors import ConfigError
-from fulgor.net.asgi import ServerThread, serve_asgi
-from fulgor.net.sockets import bind_socket
+from fulgor.net.asgi import ServerThread, serve_asgi, serve_forever
+from fulgor.net.sockets import bind_socket, url_of
 
 
 class App:
@@ -97,3 +97,11 @@ async def test_astop_stops_from_a_running_loop() -> None:
     url = await asyncio.to_thread(server.start)
     await server.astop()
     assert port_is_free(int(url.rsplit(":", 1)[1]))
+
+
+def test_serve_forever_raises_when_the_apps_startup_fails() -> None:
+    """uvicorn returns without serving when the lifespan's startup fails: that is no clean exit."""
+    sock = bind_socket("127.0.0.1", 0)
+    url = url_of(sock)
+    with pytest.raises(ConfigError, match=f"the server on {url} did not start"):
+        serve_forever(App(fail_startup=True), sock)
