@@ -12,6 +12,7 @@ import pytest
 from gateway_support import assert_matches, gateway_env, wait_for_disconnect
 
 from fulgor import semconv
+from fulgor.credentials import attempt_credential
 from fulgor.gateway import GatewayConfig
 from fulgor.net.sockets import bind_socket
 from fulgor.store.memory import MemoryStore
@@ -42,17 +43,25 @@ async def test_unknown_and_finished_rollouts_are_refused_with_a_clear_message(
     assert upstream.requests == []
 
 
-async def test_the_run_key_is_required_when_set(upstream: ScriptedOpenAIServer) -> None:
+async def test_the_operator_key_or_the_attempts_credential_is_required_when_set(
+    upstream: ScriptedOpenAIServer,
+) -> None:
     async with gateway_env([upstream.url], GatewayConfig(api_key="s3cret")) as env:
         rollout, base_url = await env.rollout()
-        with pytest.raises(openai.PermissionDeniedError, match="run's key"):
+        with pytest.raises(openai.PermissionDeniedError, match="not this attempt's credential"):
             await openai.AsyncOpenAI(base_url=base_url, api_key="wrong").chat.completions.create(**CHAT)  # type: ignore[call-overload]
         reply = await openai.AsyncOpenAI(base_url=base_url, api_key="s3cret").chat.completions.create(**CHAT)  # type: ignore[call-overload]
         assert reply.choices[0].message.content == "ok"
+        credential = attempt_credential("s3cret", rollout.rollout_id, rollout.attempt.attempt_id)
+        agent = openai.AsyncOpenAI(base_url=base_url, api_key=credential)
+        assert (await agent.chat.completions.create(**CHAT)).choices[0].message.content == "ok"  # type: ignore[call-overload]
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"{env.url}/gateway/state")).status_code == 401
-        await env.calls(rollout, 1)
+            as_agent = {"Authorization": f"Bearer {credential}"}
+            assert (await http.get(f"{env.url}/gateway/state", headers=as_agent)).status_code == 403
+        await env.calls(rollout, 2)
     assert "s3cret" not in str(upstream.request_headers)
+    assert credential not in str(upstream.request_headers)
 
 
 async def test_pause_refuses_new_calls_and_drains_the_ones_in_flight() -> None:

@@ -23,7 +23,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from fulgor.errors import FulgorError
-from fulgor.store.writer import SpanWriter
+from fulgor.semconv import SPAN_MODEL_CALL
+from fulgor.store.writer import SpanWriter, WriterClosedError
 from fulgor.types import Span
 
 __all__ = ["AgentError", "RolloutContext", "current_context", "new_span_id", "use_context"]
@@ -53,8 +54,18 @@ class RolloutContext:
     parent_span_id: str | None = None
 
     def record(self, span: Span) -> None:
-        """Hand ``span`` to the rollout's writer (from any thread; it never blocks)."""
-        self.writer.add([span])
+        """Hand ``span`` to the rollout's writer (from any thread; it never blocks). AgentError for
+        a ``fulgor.model_call`` span (those come from the gateway alone) and once the attempt has
+        ended (its writer is closed: nothing recorded then would reach the store)."""
+        if span.name == SPAN_MODEL_CALL:
+            raise AgentError(f"{SPAN_MODEL_CALL} spans come from the gateway alone; an agent records none")
+        try:
+            self.writer.add([span])
+        except WriterClosedError:
+            raise AgentError(
+                f"the attempt {self.attempt_id} of rollout {self.rollout_id} has ended: a span emitted "
+                "after it is not recorded (a task or thread of the agent outlived its rollout)"
+            ) from None
 
     def count_lost(self) -> None:
         """Count a span of this rollout that was lost before it could be recorded."""

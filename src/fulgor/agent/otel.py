@@ -99,7 +99,11 @@ def _processor() -> Any:
                     error,
                 )
                 return
-            context.record(converted)
+            try:
+                context.record(converted)
+            except AgentError as refused:  # ended, or a reserved name: never the agent's exception
+                context.count_lost()
+                logger.warning("OpenTelemetry span %.200r not recorded: %s", span.name, refused.message)
 
         def shutdown(self) -> None:
             with self._lock:

@@ -92,7 +92,7 @@ def _model_map_entry(text: str) -> tuple[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        from fulgor.cli.serve import resolve_token
+        from fulgor.cli.serve import NO_OPERATOR_KEY, resolve_token
         from fulgor.net.asgi import serve_forever
         from fulgor.net.sockets import bind_socket, is_loopback, url_of
         from fulgor.store.sync import open_store
@@ -113,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
+    if key is None:
+        print(NO_OPERATOR_KEY, file=sys.stderr, flush=True)
     try:
         serve_forever(app, sock, access_log=args.verbose)
     except FulgorError as error:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from fulgor.errors import FulgorError
+from fulgor.store.client import TOKEN_ENV
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +35,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--token-file",
         type=Path,
-        help="with --gateway-url: file holding the key agents send the gateway (else $FULGOR_TOKEN)",
+        help="file holding the run's operator key (else $FULGOR_TOKEN): the runners' store client "
+        "sends it, and each agent gets a credential derived from it for its own attempt only",
     )
     parser.add_argument("--grace-seconds", type=float, default=10.0, help="drain time on the first Ctrl+C")
     parser.add_argument(
@@ -51,10 +54,13 @@ def _run(args: argparse.Namespace) -> int:
     from fulgor.runner.worker import RunnerConfig
 
     try:
+        operator_key = resolve_token(args.token_file) if args.token_file is not None else None
+        if operator_key is not None:  # for the runners' store clients too, which read $FULGOR_TOKEN
+            os.environ[TOKEN_ENV] = operator_key
         runner = RunnerConfig(
             max_concurrency=args.max_concurrency,
             gateway_url=args.gateway_url,
-            gateway_api_key=resolve_token(args.token_file) if args.token_file is not None else None,
+            operator_key=operator_key,
             shutdown_grace_seconds=args.grace_seconds,
             heartbeat_seconds=args.heartbeat_seconds,
         )

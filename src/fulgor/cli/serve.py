@@ -21,6 +21,11 @@ from fulgor.errors import ConfigError, FulgorError
 from fulgor.store.client import TOKEN_ENV
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
+NO_OPERATOR_KEY = (
+    "warning: no operator key (--token-file or FULGOR_TOKEN): every process on this machine can use "
+    "the store API and every rollout's gateway URL, agents included; start with one to keep each "
+    "agent to its own attempt"
+)
 DEFAULT_PORT = 8474
 
 
@@ -82,6 +87,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 2
     print(url_of(sock), flush=True)
+    if token is None:
+        print(NO_OPERATOR_KEY, file=sys.stderr, flush=True)
     try:
         serve_forever(app, sock, access_log=args.verbose, on_shutdown=app.draining.begin)
     except FulgorError as error:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from fulgor.credentials import is_attempt_credential
 from fulgor.gateway import anthropic, responses_api
 from fulgor.gateway.config import GatewayConfig, Upstream
 from fulgor.gateway.errors import (
@@ -93,6 +94,7 @@ class Gateway:
         )
         self._guard = RolloutGuard(store, config.rollout_cache_seconds) if config.check_rollouts else None
         self._model_names = ModelNames(store, config.model_map, config.default_model)
+        self._operator_key = config.api_key or ""
         self._api_key = config.api_key.encode() if config.api_key else None
         self.model_version = config.model_version
         self.paused = False
@@ -245,7 +247,7 @@ class Gateway:
         if len(parts) < 6 or parts[4] != "v1":
             raise RolloutNotFoundError(f"no route {path}; model calls go to /r/ROLLOUT_ID/ATTEMPT_ID/v1/...")
         rollout_id, attempt_id, rest = parts[2], parts[3], parts[5].rstrip("/")
-        self._authorize(scope)
+        self._authorize(scope, (rollout_id, attempt_id))
         method = scope["method"]
         if method == "GET" and rest == "models":
             await self._check_rollout(rollout_id, attempt_id)
@@ -264,8 +266,9 @@ class Gateway:
         if self._guard is not None:
             await self._guard.check(rollout_id, attempt_id)
 
-    def _authorize(self, scope: Scope) -> None:
-        """401 when no key was sent, 403 when a wrong one was (like the store server)."""
+    def _authorize(self, scope: Scope, attempt: tuple[str, str] | None = None) -> None:
+        """The run's operator key works everywhere; an attempt's credential only for ``attempt``'s
+        URL (an admin route takes none). 401 when no key was sent, 403 when a wrong one was."""
         if self._api_key is None:
             return
         sent = False
@@ -277,10 +280,18 @@ class Gateway:
             sent = True
             if hmac.compare_digest(value, self._api_key):
                 return
+            if attempt is not None and is_attempt_credential(self._operator_key, *attempt, value):
+                return
+        if sent and attempt is None:
+            raise ForbiddenError("the gateway's admin routes need the run's operator key")
         if sent:
-            raise ForbiddenError("the key sent is not this run's key; use the key the run was started with")
+            raise ForbiddenError(
+                "the key sent is not this attempt's credential: an agent calls only its own rollout's "
+                "URL, with the key its runner handed it (the operator key works for any URL)"
+            )
         raise UnauthorizedError(
-            "this gateway needs the run's key: send it as the API key (Authorization: Bearer or x-api-key)"
+            "this gateway needs a key: send the key the runner handed this agent (or the run's operator "
+            "key) as the API key (Authorization: Bearer or x-api-key)"
         )
 
     async def _models(self, send: Send, rollout_id: str) -> None:

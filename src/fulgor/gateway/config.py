@@ -49,10 +49,11 @@ class Upstream:
 class GatewayConfig:
     """How the gateway behaves; every field has a default that suits one machine.
 
-    ``api_key``: the run's key; when set, every call must carry it (``Authorization: Bearer`` or
-    ``x-api-key``). ``check_rollouts``: refuse URLs of unknown (404) or ended (409) attempts; a
-    positive check is cached for ``rollout_cache_seconds``. Upstream calls are retried
-    ``max_retries`` times on connection errors and 429/502/503/504, waiting
+    ``api_key``: the run's operator key; when set, the admin routes need it, and every call needs it
+    or the credential of the attempt whose URL it calls (:mod:`fulgor.credentials`), as
+    ``Authorization: Bearer`` or ``x-api-key``. ``check_rollouts``: refuse URLs of unknown (404)
+    or ended (409) attempts; a positive check is cached for ``rollout_cache_seconds``. Upstream
+    calls are retried ``max_retries`` times on connection errors and 429/502/503/504, waiting
     ``retry_backoff_seconds`` doubled each time. At most ``record_queue_size`` calls wait to be
     written; beyond that new calls wait (backpressure). Spans are written ``record_batch_size`` at
     a time, after waiting up to ``record_linger_seconds`` for a batch to fill; a store that is away

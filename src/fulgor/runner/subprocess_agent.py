@@ -35,6 +35,7 @@ import os
 import secrets
 import signal
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -42,6 +43,7 @@ from typing import IO, Any
 from fulgor.agent.context import AgentError, RolloutContext, current_context, use_context
 from fulgor.agent.emit import emit_message, emit_reward
 from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, error_reply, serve_http
+from fulgor.store.client import TOKEN_ENV
 from fulgor.types import LLM, Resource, Rollout
 
 __all__ = ["ProgramResult", "SubprocessAgent"]
@@ -50,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 _OUTPUT_LIMIT_BYTES = 64 * 1024
 _BODY_LIMIT_BYTES = 64 * 1024
+_ENDED_KEPT = 10_000  # ended attempts whose reward URL still answers 409 rather than 404
 # Linux's MAX_ARG_STRLEN (32 pages): one longer "NAME=value" string fails exec with E2BIG.
 _TASK_ENV_LIMIT_BYTES = 128 * 1024 - len("FULGOR_TASK=") - 1
 
@@ -124,6 +127,8 @@ class SubprocessAgent:
         task_path: str,
     ) -> dict[str, str]:
         env = {**os.environ, **self.env}
+        # The program gets its attempt's credential (the llm resource's key), never the run's key.
+        env.pop(TOKEN_ENV, None)
         llm = resources.get("llm") or next((r for r in resources.values() if isinstance(r, LLM)), None)
         if isinstance(llm, LLM):
             root = llm.endpoint.rstrip("/").removesuffix("/v1")
@@ -195,7 +200,8 @@ class _RewardEndpoint:
     """``POST /reward/{token}`` on 127.0.0.1: rewards from programs, recorded under their rollout.
 
     Each running program gets an unguessable token in its URL, so one program cannot post into
-    another's rollout.
+    another's rollout; once its attempt has ended, the URL answers 409 (while the endpoint serves
+    other programs; with none left it closes its port).
     """
 
     def __init__(self) -> None:
@@ -203,6 +209,7 @@ class _RewardEndpoint:
         self._port = 0
         self._contexts: dict[str, RolloutContext] = {}
         self._tokens: dict[str, str] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()  # tokens of ended attempts, the newest
         # Rollouts that start together must share one server, not each start one (and leak all but
         # the last). Made on first use and dropped with the server: a lock is bound to one loop.
         self._starting: asyncio.Lock | None = None
@@ -226,15 +233,22 @@ class _RewardEndpoint:
         token = self._tokens.pop(context.attempt_id, None)
         if token is not None:
             self._contexts.pop(token, None)
+            self._ended[token] = None
+            while len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
         if not self._contexts and self._server is not None:
             self._server.close()
             self._server = None
             self._starting = None
+            self._ended.clear()
 
     async def _handle(self, request: HttpRequest) -> HttpReply:
         if request.method != "POST":
             return error_reply(405, "method_not_allowed", 'POST {"value": 1.0} to this URL')
-        context = self._contexts.get(request.path.removeprefix("/reward/"))
+        token = request.path.removeprefix("/reward/")
+        context = self._contexts.get(token)
+        if context is None and token in self._ended:
+            return error_reply(409, "attempt_ended", "this attempt has ended; it takes no more rewards")
         if context is None:
             return error_reply(404, "not_found", "this reward URL belongs to no running rollout")
         return self._record(context, request.body)

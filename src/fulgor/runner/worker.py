@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from fulgor.agent.base import Runnable
 from fulgor.agent.context import RolloutContext, use_context
 from fulgor.agent.emit import emit_exception
+from fulgor.credentials import attempt_credential
 from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError
 from fulgor.semconv import ATTEMPT_SPANS_LOST
 from fulgor.store.base import Store
@@ -55,11 +56,13 @@ class RunnerConfig:
     shutdown_grace_seconds: float = 10.0
     gateway_url: str | None = None
     """When set, every LLM resource's endpoint becomes the rollout's own gateway URL."""
-    gateway_api_key: str | None = field(default=None, repr=False)
-    """With ``gateway_url``: the key agents send the gateway, in place of the LLM resource's own key
-    (the upstream's, which must not reach agents). The gateway checks the run's key, so None means
-    ``$FULGOR_TOKEN`` (as ``fulgor gateway`` and ``fulgor serve`` read it), looked up per rollout
-    rather than stored here, where it would travel with the config (command lines, logs)."""
+    operator_key: str | None = field(default=None, repr=False)
+    """With ``gateway_url``: the run's operator key, from which each attempt's credential is derived
+    (:mod:`fulgor.credentials`); the agent gets its attempt's credential as its LLM resource's key,
+    in place of the resource's own (the upstream's, which must not reach agents either), and never
+    the operator key. None means ``$FULGOR_TOKEN`` (as ``fulgor gateway`` and ``fulgor serve`` read
+    it), looked up per rollout rather than stored here, where it would travel with the config
+    (command lines, logs); with neither, agents get no key (a gateway without one checks none)."""
     opentelemetry: bool = True
     """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk)."""
     span_retry_seconds: float = 30.0
@@ -188,8 +191,10 @@ class Runner:
         if gateway is not None:
             url = gateway_base_url(gateway, claimed.rollout_id, claimed.attempt.attempt_id)
             # The run's key as `fulgor serve` and `fulgor gateway` read it (stripped alike).
-            key = self.config.gateway_api_key or os.environ.get(TOKEN_ENV, "").strip() or None
-            update = {"endpoint": url, "api_key": key}
+            key = self.config.operator_key or os.environ.get(TOKEN_ENV, "").strip() or None
+            attempt_id = claimed.attempt.attempt_id
+            credential = None if key is None else attempt_credential(key, claimed.rollout_id, attempt_id)
+            update = {"endpoint": url, "api_key": credential}
             for name, resource in resources.items():
                 if isinstance(resource, LLM):
                     resources[name] = resource.model_copy(update=update)

@@ -41,7 +41,7 @@ def create_app(config: ServerConfig) -> App:
     draining = Draining()
     routes = [
         *store_routes(StoreState(config, draining)),
-        otlp_route(config.store, config.max_body_bytes),
+        otlp_route(config.store, config.max_body_bytes, config.token),
         _health_route(),
     ]
     secured = config.token is not None

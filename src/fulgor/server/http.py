@@ -29,12 +29,15 @@ __all__ = [
     "JSON",
     "ASGIApp",
     "Answer",
+    "AttemptEndedError",
+    "ForbiddenError",
     "Message",
     "Receive",
     "RequestIncompleteError",
     "RequestTooLargeError",
     "Scope",
     "Send",
+    "UnauthorizedError",
     "UnsupportedMediaTypeError",
     "check_token",
     "error_answer",
@@ -76,12 +79,34 @@ class UnsupportedMediaTypeError(FulgorError):
     code = "unsupported_media_type"
 
 
+class UnauthorizedError(FulgorError):
+    """The request carries no credential where one is needed."""
+
+    code = "unauthorized"
+
+
+class ForbiddenError(FulgorError):
+    """The credential sent does not reach what the request asks for."""
+
+    code = "forbidden"
+
+
+class AttemptEndedError(FulgorError):
+    """An attempt's credential was used after its attempt ended."""
+
+    code = "attempt_ended"
+
+
 def status_for(error: FulgorError) -> int:
     """The HTTP status of a fulgor error; the one place where errors meet HTTP."""
     if isinstance(error, NotFoundError):
         return 404
-    if isinstance(error, InvalidTransitionError):
+    if isinstance(error, InvalidTransitionError | AttemptEndedError):
         return 409
+    if isinstance(error, UnauthorizedError):
+        return 401
+    if isinstance(error, ForbiddenError):
+        return 403
     if isinstance(error, RequestTooLargeError):
         return 413
     if isinstance(error, UnsupportedMediaTypeError):

@@ -23,6 +23,7 @@ keeps one span per span id).
 from __future__ import annotations
 
 import base64
+import hmac
 import json
 import zlib
 from collections.abc import Sequence
@@ -30,14 +31,18 @@ from typing import Any
 
 import pydantic
 
-from fulgor.errors import StoreError, StoreUnavailableError, ValidationError
-from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID
+from fulgor.credentials import is_attempt_credential
+from fulgor.errors import NotFoundError, StoreError, StoreUnavailableError, ValidationError
+from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID, SPAN_MODEL_CALL
 from fulgor.server.http import (
     JSON,
     Answer,
+    AttemptEndedError,
+    ForbiddenError,
     Receive,
     RequestTooLargeError,
     Scope,
+    UnauthorizedError,
     UnsupportedMediaTypeError,
     header,
     read_body,
@@ -260,10 +265,16 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return data
 
 
-def otlp_route(store: Store, max_body_bytes: int) -> Route:
-    """``POST /v1/traces``: the OTLP/HTTP trace endpoint, storing into ``store``."""
+def otlp_route(store: Store, max_body_bytes: int, operator_key: str | None = None) -> Route:
+    """``POST /v1/traces``: the OTLP/HTTP trace endpoint, storing into ``store``.
+
+    With an ``operator_key``, a request needs it (spans of any attempt) or an attempt's credential
+    (:mod:`fulgor.credentials`): then only spans of that attempt, while it is live, and never a
+    ``fulgor.model_call`` span (those come from the gateway alone); other spans are rejected.
+    """
 
     async def export_traces(scope: Scope, receive: Receive, params: dict[str, str]) -> Answer:
+        presented = None if operator_key is None else _bearer(scope, operator_key)
         content_type = (header(scope, b"content-type") or b"").decode("latin-1")
         content_type = content_type.split(";")[0].strip().lower()
         if content_type not in (PROTOBUF, JSON):
@@ -275,11 +286,72 @@ def otlp_route(store: Store, max_body_bytes: int) -> Route:
         document = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
         fallback = (_text_header(scope, _ROLLOUT_HEADER), _text_header(scope, _ATTEMPT_HEADER))
         spans, problems = spans_from_otlp(document, fallback)
+        if presented is not None:
+            assert operator_key is not None
+            spans, refused = await _own_spans(spans, operator_key, presented, store)
+            problems += refused
         rejected, store_problems = await store_spans(store, spans)
         problems += store_problems
         return _export_response(content_type, problems, rejected + len(problems) - len(store_problems))
 
-    return Route("POST", "/v1/traces", export_traces, operation=_OPENAPI)
+    return Route("POST", "/v1/traces", export_traces, scoped=operator_key is not None, operation=_OPENAPI)
+
+
+def _bearer(scope: Scope, operator_key: str) -> bytes | None:
+    """None for the operator's key; the bearer token sent otherwise (UnauthorizedError for none)."""
+    given = header(scope, b"authorization")
+    if given is None or given[:7].lower() != b"bearer ":
+        raise UnauthorizedError(
+            "OTLP export needs a bearer token: the credential the runner handed this agent (its "
+            "OPENAI_API_KEY), or the run's operator key"
+        )
+    presented = given[7:].strip()
+    return None if hmac.compare_digest(presented, operator_key.encode()) else presented
+
+
+async def _own_spans(
+    spans: list[Span], operator_key: str, presented: bytes, store: Store
+) -> tuple[list[Span], list[str]]:
+    """The spans an attempt's credential may write, and a reason for each one it may not."""
+    kept: list[Span] = []
+    problems: list[str] = []
+    matched = False
+    live: dict[tuple[str, str], bool] = {}  # asked once per attempt and request
+    for span in spans:
+        if not is_attempt_credential(operator_key, span.rollout_id, span.attempt_id, presented):
+            problems.append(f"span {span.span_id[:64]!r}: the credential sent is not for its attempt")
+            continue
+        matched = True
+        if span.name == SPAN_MODEL_CALL:
+            problems.append(f"span {span.span_id[:64]!r}: {SPAN_MODEL_CALL} spans come from the gateway only")
+        elif not await _memo(live, (span.rollout_id, span.attempt_id), store):
+            problems.append(f"span {span.span_id[:64]!r}: its attempt has ended")
+        else:
+            kept.append(span)
+    if spans and not matched:
+        raise ForbiddenError(
+            "the bearer token is neither the run's operator key nor the credential of any attempt "
+            "these spans name; an agent exports only its own attempt's spans, with the key it was handed"
+        )
+    if spans and matched and not kept and all(p.endswith("its attempt has ended") for p in problems):
+        raise AttemptEndedError("the attempt these spans belong to has ended; it takes no more spans")
+    return kept, problems
+
+
+async def _memo(live: dict[tuple[str, str], bool], attempt: tuple[str, str], store: Store) -> bool:
+    if attempt not in live:
+        live[attempt] = await _is_live(store, *attempt)
+    return live[attempt]
+
+
+async def _is_live(store: Store, rollout_id: str, attempt_id: str) -> bool:
+    """Whether the attempt is live, asked of the store each time: a reward must not slip in after
+    the attempt's end."""
+    try:
+        attempts = await store.list_attempts(rollout_id)
+    except NotFoundError:
+        return False
+    return any(a.attempt_id == attempt_id and a.is_live for a in attempts)
 
 
 _ROLLOUT_HEADER = api.ROLLOUT_HEADER.lower().encode("latin-1")

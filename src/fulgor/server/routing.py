@@ -46,7 +46,9 @@ _SLASH = "\u2215"
 class Route:
     """``method`` on ``path`` (``{name}`` marks a path parameter, any text but a slash).
 
-    ``open`` routes are served without the server's token; ``operation`` is the route's OpenAPI
+    ``open`` routes are served without the server's token; ``scoped`` routes take an attempt's
+    credential as well as the server's token, and check which one they got themselves (OTLP
+    export: an agent writes into its own attempt only); ``operation`` is the route's OpenAPI
     operation object, when it documents itself.
     """
 
@@ -54,6 +56,7 @@ class Route:
     path: str
     endpoint: Endpoint
     open: bool = False
+    scoped: bool = False
     operation: Mapping[str, Any] | None = None
 
 
@@ -109,7 +112,7 @@ class Router:
         path = _routing_path(scope)
         methods, params = self._match(path)
         route = None if methods is None else methods.get(scope["method"])
-        open_path = methods is not None and any(r.open for r in methods.values())
+        open_path = methods is not None and any(r.open or r.scoped for r in methods.values())
         if self._expected is not None and not open_path:
             refused = check_token(scope, self._expected)
             if refused is not None:

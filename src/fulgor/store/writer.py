@@ -41,9 +41,15 @@ from fulgor.errors import ConfigError, FulgorError, StoreUnavailableError
 from fulgor.store.base import Store
 from fulgor.types import Span
 
-__all__ = ["SpanWriter", "SpanWriterStats"]
+__all__ = ["SpanWriter", "SpanWriterStats", "WriterClosedError"]
 
 logger = logging.getLogger(__name__)
+
+
+class WriterClosedError(FulgorError):
+    """Spans were added to a span writer that was closed (its rollout's attempt has ended)."""
+
+    code = "writer_closed"
 
 
 @dataclass
@@ -92,6 +98,7 @@ class SpanWriter:
         self._progress: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._outage_started: float | None = None
+        self._closed = False
 
     @property
     def pending(self) -> int:
@@ -113,10 +120,13 @@ class SpanWriter:
     # -- adding -----------------------------------------------------------------------------------
 
     def add(self, spans: Sequence[Span]) -> None:
-        """Queue ``spans`` for writing, from any thread; returns at once."""
+        """Queue ``spans`` for writing, from any thread; returns at once. WriterClosedError once the
+        writer is closed: nothing added then would ever be written."""
         if not spans:
             return
         with self._lock:
+            if self._closed:
+                raise WriterClosedError(f"this span writer is closed; {len(spans)} span(s) not taken")
             self._pending.extend(spans)
             self._added += len(spans)
         loop, wake = self._loop, self._wake
@@ -154,7 +164,10 @@ class SpanWriter:
             await self._next_progress()
 
     async def close(self) -> None:
-        """Write (or lose, after the retries) everything added, then stop the background task."""
+        """Take no more spans, write (or lose, after the retries) everything added, then stop the
+        background task."""
+        with self._lock:
+            self._closed = True
         await self.flush()
         task, self._task = self._task, None
         if task is not None:

@@ -24,9 +24,9 @@ __all__ = ["command_line", "main"]
 
 def command_line(spec: str, store_url: str, config: PoolConfig, parent_fd: int) -> list[str]:
     """The command that runs ``config.n_runners`` runners of ``spec`` against ``store_url``."""
-    # The gateway key stays off the command line (``ps`` shows it): ProcessRunners passes it as
+    # The operator key stays off the command line (``ps`` shows it): ProcessRunners passes it as
     # $FULGOR_TOKEN, which the runners fall back to.
-    runner = dataclasses.replace(config.runner, gateway_api_key=None)
+    runner = dataclasses.replace(config.runner, operator_key=None)
     settings = {"n_runners": config.n_runners, "runner": dataclasses.asdict(runner)}
     return [sys.executable, "-m", __name__, spec, store_url, json.dumps(settings), str(parent_fd)]
 

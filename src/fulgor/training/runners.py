@@ -135,8 +135,8 @@ class ProcessRunners:
 
         path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
         env = {**os.environ, "PYTHONPATH": path}
-        if config.runner.gateway_api_key is not None:  # not on the command line: see command_line
-            env[TOKEN_ENV] = config.runner.gateway_api_key
+        if config.runner.operator_key is not None:  # not on the command line: see command_line
+            env[TOKEN_ENV] = config.runner.operator_key
         log_path.parent.mkdir(parents=True, exist_ok=True)  # before the pipe: a failure leaks no descriptor
         # Only this process holds the write end (os.pipe's descriptors are not inherited): the pool
         # sees end-of-file when the trainer is gone.

@@ -2,11 +2,12 @@
 
 ``start_services`` loads the local engine and serves it on a thread of its own, serves the store
 API and the gateway from one app on the caller's event loop (so the trainer can pause, drain and
-flush the gateway and use the store directly), and starts the runners. Leaving the block stops
-runners, then the server (the gateway writes what it still holds), then the engine, then closes
-the store when the session owns it: no process or port is left, whatever happened inside. A store
-the caller owns stays open, for it to use again. ``open_run_store`` opens the run directory's
-SQLite store for a new session.
+flush the gateway and use the store directly), and starts the runners. A fresh operator key guards
+the session: the runners get it, their agents only the credentials of their own attempts. Leaving
+the block stops runners, then the server (the gateway writes what it still holds), then the
+engine, then closes the store when the session owns it: no process or port is left, whatever
+happened inside. A store the caller owns stays open, for it to use again. ``open_run_store``
+opens the run directory's SQLite store for a new session.
 
 What it does not know: which algorithm runs or what a training step is.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fulgor.agent.base import Runnable
+from fulgor.credentials import new_operator_key
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
 from fulgor.training.runners import RunnerGroup, start_runners
@@ -104,11 +106,14 @@ async def start_services(
         engine_server = ServerThread(create_engine_app(engine))
         stack.push_async_callback(engine_server.astop)
         engine_url = f"{await asyncio.to_thread(engine_server.start)}/v1"
-        gateway = create_gateway_app(store, [engine_url], GatewayConfig(model_version=engine.model_version))
+        # One operator key per session: the runners use it, each agent gets its attempt's credential.
+        key = new_operator_key()
+        gateway_config = GatewayConfig(api_key=key, model_version=engine.model_version)
+        gateway = create_gateway_app(store, [engine_url], gateway_config)
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
-        app = create_app(ServerConfig(store=store, gateway=gateway, close_store=False))
+        app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
         server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
-        runner_config = replace(runner_config, gateway_url=server_url)
+        runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
         runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
         stack.push_async_callback(runners.stop)
         logger.info("engine at %s, store and gateway at %s", engine_url, server_url)

@@ -57,9 +57,11 @@ def test_the_token_file_is_the_key_agents_send_the_gateway(
         "http://127.0.0.1:2",
     ]
     assert main([*common, "--token-file", str(token_file)]) == 0
-    assert started[-1].runner.gateway_api_key == "run-key"
+    assert started[-1].runner.operator_key == "run-key"
+    assert os.environ["FULGOR_TOKEN"] == "run-key"  # for the runners' store clients too
+    monkeypatch.delenv("FULGOR_TOKEN")
     assert main(common) == 0
-    assert started[-1].runner.gateway_api_key is None  # the worker reads $FULGOR_TOKEN per rollout
+    assert started[-1].runner.operator_key is None  # the worker reads $FULGOR_TOKEN per rollout
     assert "--gateway-url" not in capsys.readouterr().err
     # Without a gateway nothing the agents' models do is recorded: the runner says so.
     assert main(common[: common.index("--gateway-url")]) == 0

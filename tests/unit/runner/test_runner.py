@@ -96,13 +96,17 @@ async def test_gateway_url_is_handed_to_the_agent_per_rollout(store: Store) -> N
     ("configured", "environment", "expected"),
     [("run-key", "env-key", "run-key"), (None, "env-key", "env-key"), (None, None, None)],
 )
-async def test_through_the_gateway_agents_get_its_key_never_the_upstreams(
+async def test_through_the_gateway_agents_get_their_attempts_credential_never_a_key(
     store: Store,
     monkeypatch: pytest.MonkeyPatch,
     configured: str | None,
     environment: str | None,
     expected: str | None,
 ) -> None:
+    """Neither the operator key nor the upstream's key reaches an agent: only the credential of its
+    own attempt, derived from the operator key."""
+    from fulgor.credentials import attempt_credential
+
     seen: list[str | None] = []
 
     @rollout
@@ -117,11 +121,13 @@ async def test_through_the_gateway_agents_get_its_key_never_the_upstreams(
     await store.put_resources({"llm": LLM(endpoint="http://engine/v1", model="m", api_key="upstream-secret")})
     [created] = await store.enqueue([RolloutRequest(input={})])
     config = RunnerConfig(
-        claim_wait_seconds=0.2, gateway_url="http://127.0.0.1:7000", gateway_api_key=configured
+        claim_wait_seconds=0.2, gateway_url="http://127.0.0.1:7000", operator_key=configured
     )
     assert "run-key" not in repr(config)
     await run_until_done(Runner(agent, store, config=config), store, [created.rollout_id])
-    assert seen == [expected]
+    [attempt] = await store.list_attempts(created.rollout_id)
+    credential = attempt_credential(expected, created.rollout_id, attempt.attempt_id) if expected else None
+    assert seen == [credential]
 
 
 async def test_a_hanging_agent_times_out_and_is_retried(store: Store) -> None:

@@ -98,12 +98,10 @@ def test_a_log_folder_that_cannot_be_made_leaks_no_descriptor(tmp_path: Path) ->
     assert open_descriptors() == before
 
 
-async def test_the_gateway_key_reaches_the_pool_in_its_environment_not_on_its_command_line(
+async def test_the_operator_key_reaches_the_pool_in_its_environment_not_on_its_command_line(
     tmp_path: Path,
 ) -> None:
-    config = PoolConfig(
-        n_runners=1, runner=RunnerConfig(claim_wait_seconds=0.2, gateway_api_key="run-secret")
-    )
+    config = PoolConfig(n_runners=1, runner=RunnerConfig(claim_wait_seconds=0.2, operator_key="run-secret"))
     runners = ProcessRunners(AGENT, f"sqlite:///{tmp_path / 's.sqlite'}", config, tmp_path / "runners.log")
     try:
         [pool] = list(descendants(os.getpid()))
