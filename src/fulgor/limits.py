@@ -57,19 +57,28 @@ BODY_TIMEOUT_SECONDS: Final = 30.0
 MAX_QUOTED_CHARS: Final = 64
 
 
-def quoted(value: object) -> str:
+def quoted(value: object, *, bare: bool = False) -> str:
     """``value`` as an error message shows it: ``repr(value)``, or for a string longer than
     ``MAX_QUOTED_CHARS`` the repr of its start and its length, so that an answer never carries back
-    a megabyte it refused.
+    a megabyte it refused. ``bare`` shows a string as it is, without the repr's quotes (a field path,
+    a JSON excerpt), and cut the same way.
 
     >>> quoted("ro-1")
     "'ro-1'"
     >>> quoted("x" * 1000)
     "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... (1000 characters)"
+    >>> quoted("messages.0.content", bare=True)
+    'messages.0.content'
     """
-    if isinstance(value, str) and len(value) > MAX_QUOTED_CHARS:
-        return f"{value[:MAX_QUOTED_CHARS]!r}... ({len(value)} characters)"
-    shown = repr(value)
+    if isinstance(value, str):
+        if len(value) <= MAX_QUOTED_CHARS:
+            return value if bare else repr(value)
+        start = value[:MAX_QUOTED_CHARS] if bare else repr(value[:MAX_QUOTED_CHARS])
+        return f"{start}... ({len(value)} characters)"
+    try:
+        shown = repr(value)
+    except ValueError:  # an int too long for its repr (Python's limit on digits)
+        return f"a {type(value).__name__} too long to show"
     if len(shown) > MAX_QUOTED_CHARS + 2:
         return f"{shown[:MAX_QUOTED_CHARS]}... ({len(shown)} characters)"
     return shown

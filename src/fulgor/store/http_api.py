@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from fulgor.limits import MAX_QUOTED_CHARS, quoted
+from fulgor.limits import quoted
 from fulgor.types import (
     Attempt,
     AttemptedRollout,
@@ -169,6 +169,6 @@ def field_path(loc: tuple[Any, ...]) -> str:
             continue
         else:
             # A dict key is the caller's text: quoted short, as every echoed value is.
-            text = str(part) if len(str(part)) <= MAX_QUOTED_CHARS else quoted(part)
+            text = quoted(str(part), bare=True)
             path += f".{text}" if path else text
     return path or "body"
