@@ -17,6 +17,7 @@ MODULES = [
     "examples.calc.warm_start",
     "fulgor.training.run_report",
     "fulgor.algorithms.grpo.algorithm",
+    "fulgor.limits",
 ]
 
 

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "fulgor"
 # Lowest first. A room may import from rooms on lower layers only; "fulgor" is the package's own
 # __init__ (the public names), which only the command line above it imports.
 LAYERS: list[set[str]] = [
-    {"version", "errors", "semconv", "credentials"},
+    {"version", "errors", "semconv", "credentials", "limits"},
     {"types"},
     {"net"},
     {"store", "engine", "adapters", "testing"},

@@ -101,6 +101,10 @@ class DriftReport:
     spans_lost: int = 0
     """Spans of the rollout the store never got (each was logged where it was lost): a rollout with
     any is not trained on, as its trace is incomplete."""
+    spans_unreadable: int = 0
+    """Spans of the rollout that could not be read back: stored records that no longer read as spans
+    (an older version stored them past today's limits), and model call or reward spans whose call
+    or value is malformed. A rollout with any is not trained on, as its trace is incomplete."""
 
     LOSSES: ClassVar[tuple[str, ...]] = (
         "calls_missing_ids",
@@ -109,6 +113,7 @@ class DriftReport:
         "dropped_rows",
         "id_mismatches",
         "spans_lost",
+        "spans_unreadable",
     )
     """Counters of calls or tokens not trained as the engine sampled them: 0 in a healthy run. (A
     merge break is not one: it trains the sampled ids exactly, in a new row.)"""

@@ -4,7 +4,9 @@
 thread. Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /health`` and ``POST /admin/weights`` (needs ``Authorization: Bearer <admin token>``).
 Every error answer, unknown paths and methods included, is an ``{"error": {"message", "type",
-"code", "param"}}`` body; engine errors map to HTTP statuses here and nowhere else. A client that
+"code", "param"}}`` body; engine errors map to HTTP statuses here and nowhere else. A request body
+is read whole before a route sees it: past ``max_body_bytes`` it gets 413, and one whose next part
+takes longer than ``body_timeout_seconds`` gets 408 and a closed connection. A client that
 disconnects before its whole (non-streamed) answer is ready cancels the generation, as a streaming
 client does by going away.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import re
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -23,11 +27,13 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         f"the engine's HTTP API needs FastAPI ({error.name} is missing): pip install 'fulgor[server]'"
     ) from error
 
+from fulgor import limits
 from fulgor.engine.errors import (
     AdminAuthError,
     AdminDisabledError,
@@ -43,6 +49,13 @@ from fulgor.engine.protocol import ChatCompletionRequest, CompletionRequest, Wei
 from fulgor.engine.sampling import SamplingParams
 from fulgor.engine.scheduler import FinishEvent
 from fulgor.engine.streaming import chat_stream, completion_stream
+from fulgor.limits import quoted
+from fulgor.net.request_body import (
+    RequestIncompleteError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    read_body,
+)
 
 __all__ = ["create_app", "error_body"]
 
@@ -74,8 +87,14 @@ def _status(error: EngineError) -> int:
     return 503
 
 
+def _field(loc: Any) -> str:
+    """A pydantic error location as a dotted path; a part that is the caller's text (a dict key) is
+    quoted short when it is long."""
+    return ".".join(quoted(str(part), bare=True) for part in loc[1:])
+
+
 def _problem(error: Any) -> str:
-    where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "body"
+    where = _field(error.get("loc", ())) or "body"
     cause = error.get("ctx", {}).get("error")
     # Our own validators' messages stand as written, without pydantic's "Value error, " prefix.
     message = str(cause) if error.get("type") == "value_error" and cause else error.get("msg", "invalid")
@@ -102,7 +121,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [_problem(error) for error in exc.errors()]
         first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
-        param = ".".join(str(p) for p in first[1:]) or None
+        param = _field(first) or None
         return error_body(400, "invalid_parameter", "invalid request: " + "; ".join(problems), param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -116,7 +135,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error serving %s %s", request.method, request.url.path)
-        return error_body(500, "internal_error", f"the engine failed to serve this request: {exc}")
+        return error_body(
+            500, "internal_error", f"the engine failed to serve this request: {quoted(str(exc))}"
+        )
 
 
 def _check_model(engine: LocalEngine, requested: str) -> None:
@@ -307,7 +328,76 @@ def _admin_router(engine: LocalEngine) -> APIRouter:
     return router
 
 
-def create_app(engine: LocalEngine) -> FastAPI:
+class _WholeBodies:
+    """ASGI middleware: reads each request's body whole (at most ``max_body_bytes``, each part within
+    ``timeout_seconds``) before the app sees it, then hands it over as one message. Starlette would
+    wait for a stalled body as long as the connection stays open, and take any size."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, timeout_seconds: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.timeout_seconds = timeout_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(receive, self.max_body_bytes, self.timeout_seconds)
+        except RequestIncompleteError:
+            return  # nobody is left to answer
+        except RequestTooLargeError:
+            message = f"the request body is larger than {self.max_body_bytes} bytes, this engine's limit"
+            await error_body(413, "payload_too_large", message)(scope, receive, send)
+            return
+        except RequestTimeoutError as error:
+            response = error_body(408, error.code, error.message)
+            response.headers["connection"] = "close"  # the rest of the body may still come
+            await response(scope, receive, send)
+            return
+        if _LONE_SURROGATE.search(body) and not _is_text(body):
+            # Python's JSON parser takes a lone surrogate escape, the tokenizer then fails on it.
+            message = "the request body holds a lone surrogate (a \\ud800-\\udfff escape without its pair)"
+            await error_body(400, "invalid_request", message)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or one of those not preceded by the first.
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _is_text(body: bytes) -> bool:
+    """Whether a body the pattern flagged parses to text without lone surrogates (an escaped
+    backslash before ``ud800`` is text, and so is a body that is no JSON at all: FastAPI says so)."""
+    try:
+        json.dumps(json.loads(body), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return False
+    except (ValueError, RecursionError):
+        return True
+    return True
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives ``body`` first, then what ``receive`` gives (the client's disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+def create_app(
+    engine: LocalEngine,
+    *,
+    max_body_bytes: int = limits.MAX_BODY_BYTES,
+    body_timeout_seconds: float = limits.BODY_TIMEOUT_SECONDS,
+) -> FastAPI:
     """The engine's FastAPI app; its lifespan starts and stops ``engine``."""
 
     @asynccontextmanager
@@ -319,6 +409,7 @@ def create_app(engine: LocalEngine) -> FastAPI:
             await asyncio.to_thread(engine.close)
 
     app = FastAPI(title="fulgor engine", lifespan=lifespan)
+    app.add_middleware(_WholeBodies, max_body_bytes=max_body_bytes, timeout_seconds=body_timeout_seconds)
     _install_error_handlers(app)
     app.include_router(_openai_router(engine))
     app.include_router(_admin_router(engine))

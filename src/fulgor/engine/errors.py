@@ -7,6 +7,7 @@ nothing about HTTP.
 from __future__ import annotations
 
 from fulgor.errors import FulgorError
+from fulgor.limits import quoted
 
 __all__ = [
     "AdminAuthError",
@@ -50,7 +51,8 @@ class UnknownModelError(InvalidRequestError):
 
     def __init__(self, requested: str, served: str) -> None:
         super().__init__(
-            f"model {requested!r} is not served here; this engine serves {served!r} (see GET /v1/models)",
+            f"model {quoted(requested)} is not served here; this engine serves {served!r} "
+            "(see GET /v1/models)",
             param="model",
         )
 

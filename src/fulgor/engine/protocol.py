@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fulgor.engine.sampling import MAX_TOP_LOGPROBS
+from fulgor.limits import quoted
 
 __all__ = [
     "ChatCompletionRequest",
@@ -62,7 +63,7 @@ class ChatMessage(BaseModel):
         for part in content if isinstance(content, list) else ():
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ValueError(
-                    f"content parts of type {part.get('type')!r} are not supported: this engine takes "
+                    f"content parts of type {quoted(part.get('type'))} are not supported: this engine takes "
                     "text only; send the content as a string or as parts "
                     '{"type": "text", "text": "..."}'
                 )
@@ -78,7 +79,8 @@ class _Sampling(_Body):
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    # torch seeds are 64-bit and choice i samples with seed + i: a larger seed would overflow there.
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1 - 128)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None
@@ -130,8 +132,9 @@ class ChatCompletionRequest(_Sampling):
         # of the tool's JSON schema, which this engine does not have, and prompting alone cannot.
         if value is None or value in ("auto", "none"):
             return value
+        shown = quoted(json.dumps(value), bare=True)
         raise ValueError(
-            f'{json.dumps(value)} is not supported: this engine takes tool_choice "auto" (the '
+            f'{shown} is not supported: this engine takes tool_choice "auto" (the '
             'default: the model decides whether to call a tool) or "none" (the output is text only); '
             'it cannot guarantee a tool call ("required") or a call to a named function, which takes '
             'constrained decoding. Send "auto" and name the tool to call in the prompt, or serve the '

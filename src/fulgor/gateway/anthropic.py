@@ -20,6 +20,7 @@ from typing import Any
 
 from fulgor.gateway._translate import UNFINISHED, JsonDict, objects, sse_event, upstream_error_message
 from fulgor.gateway.errors import BadRequestError
+from fulgor.limits import quoted
 
 __all__ = ["AnthropicStream", "error_body", "error_event", "message_from_chat", "request_to_chat"]
 
@@ -104,14 +105,14 @@ def _text_of(content: Any, what: str) -> str:
                 raise BadRequestError(f"the 'text' of a text block in {what} must be a string")
             parts.append(text)
         elif kind not in ("thinking", "redacted_thinking"):
-            raise BadRequestError(f"content blocks of type {kind!r} are not supported here; send text")
+            raise BadRequestError(f"content blocks of type {quoted(kind)} are not supported here; send text")
     return "".join(parts)
 
 
 def _messages_of(message: JsonDict) -> list[JsonDict]:
     role, content = message.get("role"), message.get("content")
     if role not in ("user", "assistant"):
-        raise BadRequestError(f"message role {role!r} is not 'user' or 'assistant'")
+        raise BadRequestError(f"message role {quoted(role)} is not 'user' or 'assistant'")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     blocks = _blocks(content, "message content")

@@ -26,7 +26,9 @@ from typing import Any
 
 import orjson
 
+from fulgor import limits
 from fulgor.credentials import is_attempt_credential
+from fulgor.errors import ValidationError
 from fulgor.gateway import anthropic, responses_api
 from fulgor.gateway.config import GatewayConfig, Upstream
 from fulgor.gateway.errors import (
@@ -34,9 +36,11 @@ from fulgor.gateway.errors import (
     ForbiddenError,
     GatewayError,
     GatewayPausedError,
+    PayloadTooLargeError,
     RolloutNotFoundError,
     UnauthorizedError,
 )
+from fulgor.gateway.errors import RequestTimeoutError as GatewayRequestTimeoutError
 from fulgor.gateway.extract import Endpoint
 from fulgor.gateway.guard import RolloutGuard
 from fulgor.gateway.model_names import ModelNames
@@ -44,6 +48,13 @@ from fulgor.gateway.proxy import Api, CallContext, forward_call
 from fulgor.gateway.recorder import CallRecord, Recorder
 from fulgor.gateway.upstreams import UpstreamPool, check_upstreams
 from fulgor.net.http_client import HttpClient
+from fulgor.net.request_body import (
+    RequestIncompleteError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    read_body,
+)
+from fulgor.store import _rules as rules
 from fulgor.store.base import Store
 
 __all__ = ["Gateway", "create_gateway_app"]
@@ -263,6 +274,7 @@ class Gateway:
             raise RolloutNotFoundError(f"no route {method} /v1/{rest}; the gateway serves {_SERVED}")
 
     async def _check_rollout(self, rollout_id: str, attempt_id: str) -> None:
+        _check_ids(rollout_id, attempt_id)
         if self._guard is not None:
             await self._guard.check(rollout_id, attempt_id)
 
@@ -310,9 +322,13 @@ class Gateway:
         self._enter(rollout_id)
         try:
             await self._check_rollout(rollout_id, attempt_id)
-            request = _parse_object(await _read_body(receive), required=True)
+            body = await _read_body(
+                receive, self.config.max_body_bytes, self.config.body_timeout_seconds, scope
+            )
+            request = _parse_object(body, required=True)
             translate = _TRANSLATIONS.get(route)
             upstream_request = translate(request) if translate else request
+            _check_recordable(upstream_request)
             sent = upstream_request.get("model")
             sent = sent if isinstance(sent, str) else None
             served = await self._model_names.upstream_model(rollout_id, sent)
@@ -394,15 +410,64 @@ def _read_call_headers(scope: Scope, record: CallRecord) -> None:
                 record.trace_id, record.parent_id = parts[1], parts[2]
 
 
-async def _read_body(receive: Receive) -> bytes:
-    message = await receive()
-    body: bytes = message.get("body", b"")
-    while message.get("more_body"):
-        message = await receive()
-        body += message.get("body", b"")
-    if message["type"] == "http.disconnect":
-        raise BadRequestError("the client went away before its request body arrived")
-    return body
+async def _read_body(
+    receive: Receive,
+    max_body_bytes: int = limits.MAX_MODEL_CALL_BODY_BYTES,
+    timeout_seconds: float = limits.BODY_TIMEOUT_SECONDS,
+    scope: Scope | None = None,
+) -> bytes:
+    """The request body: 413 past ``max_body_bytes`` (at once when ``Content-Length`` says so),
+    408 when a part takes longer than ``timeout_seconds``, 400 when the client goes first."""
+    declared = _content_length(scope)
+    if declared is not None and declared > max_body_bytes:
+        raise PayloadTooLargeError(_too_large(max_body_bytes))
+    try:
+        return await read_body(receive, max_body_bytes, timeout_seconds)
+    except RequestTooLargeError:
+        raise PayloadTooLargeError(_too_large(max_body_bytes)) from None
+    except RequestTimeoutError as error:  # the gateway's own timeout, or the server's it is mounted in
+        raise GatewayRequestTimeoutError(error.message) from None
+    except RequestIncompleteError:
+        raise BadRequestError("the client went away before its request body arrived") from None
+
+
+def _content_length(scope: Scope | None) -> int | None:
+    for name, value in scope["headers"] if scope is not None else ():
+        if name == b"content-length":
+            return int(value) if value.isdigit() and len(value) < 19 else None
+    return None
+
+
+def _too_large(max_body_bytes: int) -> str:
+    return (
+        f"the request body is larger than {max_body_bytes} bytes, the gateway's limit "
+        "(GatewayConfig.max_body_bytes); send a shorter conversation or fewer tools"
+    )
+
+
+# The call's record holds the request two levels down (attributes -> fulgor.model_call -> request),
+# and the store refuses attributes nested past MAX_JSON_DEPTH: a deeper request would be answered
+# and then lost from its rollout's record.
+_MAX_REQUEST_DEPTH = limits.MAX_JSON_DEPTH - 2
+
+
+def _check_recordable(request: JsonDict) -> None:
+    """400 for a request the store could not record and read back, before it goes upstream."""
+    if rules.nests_deeper_than(request, _MAX_REQUEST_DEPTH):
+        raise BadRequestError(
+            f"the request nests JSON more than {_MAX_REQUEST_DEPTH} levels deep (fulgor.limits."
+            f"MAX_JSON_DEPTH, {limits.MAX_JSON_DEPTH}, less the 2 levels its record adds); flatten "
+            "its tool schemas or messages"
+        )
+
+
+def _check_ids(rollout_id: str, attempt_id: str) -> None:
+    """400 for ids no rollout can have (too long, NUL characters), without echoing them whole."""
+    try:
+        rules.check_text(rollout_id, "the URL's rollout id")
+        rules.check_text(attempt_id, "the URL's attempt id")
+    except ValidationError as error:
+        raise BadRequestError(error.message) from None
 
 
 def _parse_object(body: bytes, *, required: bool) -> JsonDict:
@@ -470,4 +535,7 @@ async def _send_error(send: Send, error: GatewayError, api: Api) -> None:
     extra = []
     if isinstance(error, GatewayPausedError):
         extra.append((b"retry-after", str(max(1, math.ceil(error.retry_after_seconds))).encode()))
+    if isinstance(error, GatewayRequestTimeoutError):
+        # The rest of the body may still come: the connection cannot carry another request.
+        extra.append((b"connection", b"close"))
     await _send_bytes(send, error.status, orjson.dumps(payload), "application/json", extra)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from fulgor import limits
 from fulgor.errors import ConfigError
 
 __all__ = ["GatewayConfig", "Upstream"]
@@ -59,6 +60,11 @@ class GatewayConfig:
     a time, after waiting up to ``record_linger_seconds`` for a batch to fill; a store that is away
     is retried for ``record_retry_seconds`` before spans are counted as lost.
 
+    A call's body may be at most ``max_body_bytes`` (413 past it) and must arrive without a pause
+    longer than ``body_timeout_seconds`` (408, and the connection is closed); its JSON may nest at
+    most ``fulgor.limits.MAX_JSON_DEPTH`` levels less the two its record adds (400), so every call
+    the gateway forwards can be recorded and read back.
+
     Every call is served with the model its rollout's resources name, whatever model the agent's
     code sends (:mod:`fulgor.gateway.model_names`), unless ``model_map`` names the model for the
     name sent; ``default_model`` serves rollouts whose resources name no LLM.
@@ -79,7 +85,11 @@ class GatewayConfig:
     model_version: int | None = None
     model_map: Mapping[str, str] = field(default_factory=dict)
     default_model: str | None = None
+    max_body_bytes: int = limits.MAX_MODEL_CALL_BODY_BYTES
+    body_timeout_seconds: float = limits.BODY_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.record_queue_size < 1 or self.record_batch_size < 1:
             raise ConfigError("max_retries must be >= 0 and record_queue_size, record_batch_size >= 1")
+        if self.max_body_bytes < 1 or not self.body_timeout_seconds > 0:
+            raise ConfigError("max_body_bytes must be >= 1 and body_timeout_seconds > 0")

@@ -9,6 +9,8 @@ __all__ = [
     "ForbiddenError",
     "GatewayError",
     "GatewayPausedError",
+    "PayloadTooLargeError",
+    "RequestTimeoutError",
     "RolloutFinishedError",
     "RolloutNotFoundError",
     "UnauthorizedError",
@@ -29,6 +31,21 @@ class BadRequestError(GatewayError):
 
     code = "invalid_request"
     status = 400
+
+
+class RequestTimeoutError(GatewayError):
+    """The request body stopped coming (``GatewayConfig.body_timeout_seconds``); the connection is
+    closed after the answer."""
+
+    code = "request_timeout"
+    status = 408
+
+
+class PayloadTooLargeError(GatewayError):
+    """The request body is larger than ``GatewayConfig.max_body_bytes``."""
+
+    code = "payload_too_large"
+    status = 413
 
 
 class UnauthorizedError(GatewayError):

@@ -12,6 +12,7 @@ import time
 
 from fulgor.errors import NotFoundError
 from fulgor.gateway.errors import RolloutFinishedError, RolloutNotFoundError
+from fulgor.limits import quoted
 from fulgor.store.base import Store
 
 __all__ = ["RolloutGuard"]
@@ -35,17 +36,18 @@ class RolloutGuard:
             attempts = await self._store.list_attempts(rollout_id)
         except NotFoundError:
             raise RolloutNotFoundError(
-                f"rollout {rollout_id!r} does not exist; use the base URL the runner handed to this agent"
+                f"rollout {quoted(rollout_id)} does not exist; use the base URL the runner handed to "
+                "this agent"
             ) from None
         attempt = next((a for a in attempts if a.attempt_id == attempt_id), None)
         if attempt is None:
             raise RolloutNotFoundError(
-                f"rollout {rollout_id!r} has no attempt {attempt_id!r}; "
+                f"rollout {quoted(rollout_id)} has no attempt {quoted(attempt_id)}; "
                 "use the base URL of the current attempt"
             )
         if not attempt.is_live:
             raise RolloutFinishedError(
-                f"attempt {attempt_id!r} of rollout {rollout_id!r} has ended ({attempt.status}); "
+                f"attempt {quoted(attempt_id)} of rollout {quoted(rollout_id)} has ended ({attempt.status}); "
                 "it takes no more model calls"
             )
         if len(self._live_until) >= _MAX_CACHED:

@@ -32,6 +32,7 @@ from typing import Any
 
 from fulgor.gateway._translate import UNFINISHED, JsonDict, objects, sse_event, upstream_error_message
 from fulgor.gateway.errors import BadRequestError
+from fulgor.limits import quoted
 
 __all__ = ["ResponsesStream", "error_body", "request_to_chat", "response_from_chat"]
 
@@ -119,7 +120,7 @@ def _input_messages(value: Any) -> list[JsonDict]:
             raise BadRequestError(f"input items of type 'item_reference' are not supported: {_NO_STATE}")
         elif kind != "reasoning":  # the engines take no reasoning items; the text turns carry on without them
             raise BadRequestError(
-                f"input items of type {kind!r} are not supported: the engines behind the gateway take "
+                f"input items of type {quoted(kind)} are not supported: the engines behind the gateway take "
                 "messages, function_call and function_call_output items only"
             )
     return messages
@@ -128,7 +129,7 @@ def _input_messages(value: Any) -> list[JsonDict]:
 def _string(item: JsonDict, key: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise BadRequestError(f"the {key!r} of a {item.get('type')} item must be a string")
+        raise BadRequestError(f"the {quoted(key)} of a {quoted(item.get('type'))} item must be a string")
     return value
 
 
@@ -150,7 +151,9 @@ def _add_tool_call(messages: list[JsonDict], item: JsonDict) -> None:
 def _message(item: JsonDict) -> JsonDict:
     role = item.get("role")
     if role not in ("user", "assistant", "system", "developer"):
-        raise BadRequestError(f"message role {role!r} is not 'user', 'assistant', 'system' or 'developer'")
+        raise BadRequestError(
+            f"message role {quoted(role)} is not 'user', 'assistant', 'system' or 'developer'"
+        )
     return {"role": role, "content": _text_of(item.get("content"), "message content")}
 
 
@@ -165,11 +168,11 @@ def _text_of(content: Any, what: str) -> str:
         key = "refusal" if kind == "refusal" else "text"
         if kind not in (*_TEXT_PARTS, "refusal"):
             raise BadRequestError(
-                f"content parts of type {kind!r} are not supported: the engines behind the gateway take "
-                "text only; send input_text"
+                f"content parts of type {quoted(kind)} are not supported: the engines behind the "
+                "gateway take text only; send input_text"
             )
         if not isinstance(part.get(key), str):
-            raise BadRequestError(f"the {key!r} of a {kind} part in {what} must be a string")
+            raise BadRequestError(f"the {quoted(key)} of a {quoted(kind)} part in {what} must be a string")
         parts.append(part[key])
     return "".join(parts)
 
@@ -178,8 +181,8 @@ def _tool(tool: JsonDict) -> JsonDict:
     kind = tool.get("type")
     if kind != "function":
         raise BadRequestError(
-            f"tools of type {kind!r} are not supported: built-in tools run on OpenAI's servers, and the "
-            "engines behind the gateway take function tools only; define it as a function tool"
+            f"tools of type {quoted(kind)} are not supported: built-in tools run on OpenAI's servers, "
+            "and the engines behind the gateway take function tools only; define it as a function tool"
         )
     if not isinstance(tool.get("name"), str):
         raise BadRequestError("the 'name' of a function tool must be a string")

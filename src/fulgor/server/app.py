@@ -18,6 +18,7 @@ from typing import Any
 
 from fulgor.errors import ConfigError
 from fulgor.net.asgi import ServerThread
+from fulgor.net.request_body import timed_receive
 from fulgor.net.sockets import is_loopback
 from fulgor.server.config import ServerConfig
 from fulgor.server.draining import Draining
@@ -76,7 +77,8 @@ class App:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            await self.router(scope, receive, send)
+            # Every route's body, the mounted gateway's included, must keep coming or get a 408.
+            await self.router(scope, timed_receive(receive, self.config.body_timeout_seconds), send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 

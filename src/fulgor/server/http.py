@@ -23,6 +23,8 @@ from fulgor.errors import (
     StoreUnavailableError,
     ValidationError,
 )
+from fulgor.net.request_body import RequestIncompleteError, RequestTimeoutError, RequestTooLargeError
+from fulgor.net.request_body import read_body as read_body_within
 from fulgor.store import http_api as api
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "Message",
     "Receive",
     "RequestIncompleteError",
+    "RequestTimeoutError",
     "RequestTooLargeError",
     "Scope",
     "Send",
@@ -59,18 +62,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 JSON = "application/json"
-
-
-class RequestTooLargeError(FulgorError):
-    """A request body is larger than the server accepts."""
-
-    code = "payload_too_large"
-
-
-class RequestIncompleteError(FulgorError):
-    """The client went away before its request body had arrived."""
-
-    code = "request_incomplete"
 
 
 class UnsupportedMediaTypeError(FulgorError):
@@ -107,6 +98,8 @@ def status_for(error: FulgorError) -> int:
         return 401
     if isinstance(error, ForbiddenError):
         return 403
+    if isinstance(error, RequestTimeoutError):
+        return 408
     if isinstance(error, RequestTooLargeError):
         return 413
     if isinstance(error, UnsupportedMediaTypeError):
@@ -160,11 +153,14 @@ def fulgor_error_answer(error: FulgorError) -> Answer:
             "from_status": error.from_status,
             "to_status": error.to_status,
         }
-    return error_answer(status_for(error), error.code, error.message, details)
+    # After a body that stopped coming the connection cannot carry another request: close it.
+    headers = {"Connection": "close"} if isinstance(error, RequestTimeoutError) else None
+    return error_answer(status_for(error), error.code, error.message, details, headers)
 
 
 def validation_error_answer(error: pydantic.ValidationError) -> Answer:
-    """422 naming each offending field by its path, e.g. ``spans[1].start_time``."""
+    """400 naming each offending field by its path, e.g. ``spans[1].start_time``: the status of
+    every validation error the server answers, as the store's own ValidationError gets."""
     problems = [
         {"field": api.field_path(tuple(item["loc"])), "message": item["msg"], "type": item["type"]}
         for item in error.errors(include_url=False, include_input=False)
@@ -172,7 +168,7 @@ def validation_error_answer(error: pydantic.ValidationError) -> Answer:
     message = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5])
     if len(problems) > 5:
         message += f"; and {len(problems) - 5} more"
-    return error_answer(422, ValidationError.code, message, {"errors": problems})
+    return error_answer(400, ValidationError.code, message, {"errors": problems})
 
 
 async def guarded(make: Callable[[], Awaitable[Answer]]) -> Answer:
@@ -206,20 +202,12 @@ def declared_too_large(scope: Scope, max_body_bytes: int) -> Answer | None:
 
 async def read_body(receive: Receive, max_body_bytes: int) -> bytes:
     """The whole request body, at most ``max_body_bytes`` (RequestTooLargeError past it, however it
-    is sent); RequestIncompleteError when the client goes before sending it all."""
-    parts: list[bytes] = []
-    received = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise RequestIncompleteError("the client disconnected before sending the whole request body")
-        part = message.get("body", b"")
-        received += len(part)
-        if received > max_body_bytes:
-            raise _too_large(max_body_bytes)
-        parts.append(part)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+    is sent); RequestIncompleteError when the client goes before sending it all. The app's receive
+    raises RequestTimeoutError for a body that stops coming (``ServerConfig.body_timeout_seconds``)."""
+    try:
+        return await read_body_within(receive, max_body_bytes)
+    except RequestTooLargeError:
+        raise _too_large(max_body_bytes) from None
 
 
 def _too_large(max_body_bytes: int) -> RequestTooLargeError:

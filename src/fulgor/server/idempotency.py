@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fulgor.limits import quoted
 from fulgor.server.http import Answer, error_answer
 
 __all__ = ["IdempotencyCache"]
@@ -20,7 +21,8 @@ class IdempotencyCache:
     protects retries against one server process, not across a restart or between several servers
     behind a load balancer. A retry that arrives while the first request is still running waits
     for the first one's answer instead of running twice. A key reused with a different body is
-    refused (422). 5xx answers are not remembered.
+    refused with 400, the status of every request the server refuses as invalid. 5xx answers are
+    not remembered.
     """
 
     def __init__(self, max_entries: int = 10_000) -> None:
@@ -38,9 +40,10 @@ class IdempotencyCache:
         if known is not None:
             if known[0] != fingerprint:
                 message = (
-                    f"this {key[2]!r} was already used for a different request; use a new key per request"
+                    f"this {quoted(key[2])} was already used for a different request; use a new key per "
+                    "request"
                 )
-                return error_answer(422, "idempotency_key_reused", message)
+                return error_answer(400, "idempotency_key_reused", message)
             self._entries.move_to_end(key)
             return await asyncio.shield(known[1])
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()

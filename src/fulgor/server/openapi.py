@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
+from fulgor.server.otlp_json import OtlpExportTraceServiceRequest, OtlpExportTraceServiceResponse
 from fulgor.server.routing import Route
 from fulgor.server.store_api import OPERATIONS, Operation
 from fulgor.store import http_api as api
@@ -21,14 +22,15 @@ __all__ = ["SCHEMA_REF", "build_spec", "json_content", "ref"]
 SCHEMA_REF = "#/components/schemas/{model}"
 
 ERROR_STATUSES = {
-    "400": "Invalid input (code validation_error)",
+    "400": "Invalid input: the body, a query parameter or a value breaks a rule or a limit (code "
+    "validation_error); the message names the field",
+    "408": "The request body stopped coming before it was whole; the connection is closed",
     "401": "Missing bearer token",
     "403": "Wrong bearer token",
     "404": "Unknown rollout, attempt or resources id (code not_found)",
     "405": "Method not allowed on this path",
     "409": "Impossible status change (code invalid_transition)",
     "413": "Request body too large",
-    "422": "Body or query fails validation; the message names the field",
     "503": "The store's database is unavailable (code store_unavailable); retry later",
 }
 
@@ -75,7 +77,7 @@ def _component_schemas() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         (operation.name, "serialization", operation.response) for operation in OPERATIONS
     ]
     models: list[type[BaseModel]] = [o.body for o in OPERATIONS if o.body is not None]
-    models += [api.ErrorBody, api.Health]
+    models += [api.ErrorBody, api.Health, OtlpExportTraceServiceRequest, OtlpExportTraceServiceResponse]
     for model in models:
         inputs.append((model.__name__, "validation", TypeAdapter(model)))
     keyed, top = TypeAdapter.json_schemas(inputs, ref_template=SCHEMA_REF)
@@ -86,6 +88,15 @@ def _component_schemas() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 def _store_operation(operation: Operation, answer: dict[str, Any]) -> dict[str, Any]:
     """A store operation's request body, parameters and responses, pointing at component schemas."""
     responses = {"200": json_content("OK", answer)}
+    if operation.name == "query_spans":
+        responses["200"]["headers"] = {
+            api.SPANS_UNREADABLE_HEADER: {
+                "description": "Stored spans skipped because they no longer read back (stored past "
+                "fulgor.limits by an older version); the rollout's trace is incomplete when not 0",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 0},
+            }
+        }
     for status, description in ERROR_STATUSES.items():
         responses[status] = json_content(description, ref(api.ErrorBody))
     described: dict[str, Any] = {

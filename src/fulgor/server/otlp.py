@@ -11,10 +11,14 @@ request headers ``X-Fulgor-Rollout-Id``/``X-Fulgor-Attempt-Id``. Spans that cann
 or name an unknown rollout or attempt, are reported back as OTLP ``partial_success`` rejections;
 the others are stored. Protobuf is first converted to the OTLP/JSON shape, so one decoder reads both.
 
-Each span is decoded and checked against the store's rules on its own, so a bad one (a timestamp
-too large for a float, an id with a NUL character) is rejected alone, with its reason, and the rest
-of its batch is stored. Doubles that are NaN or infinite are legal OTLP but not JSON, and the store
-keeps JSON: they are stored as the strings OTLP/JSON writes them as (``"NaN"``, ``"Infinity"``,
+A body that cannot be decoded is refused whole with 400, as OTLP says: protobuf that does not
+parse, or JSON whose shape is not OTLP/JSON's (:mod:`fulgor.server.otlp_json`: a span that is a
+number, a name that is not a string, nesting past the JSON parser's limit). Each span of a body that
+decodes is checked against the store's rules on its own, limits included (:mod:`fulgor.limits`),
+so a bad one (a timestamp too large for a float, an id with a NUL character, attributes nested too
+deep to read back) is rejected alone, with its reason, and the rest of its batch is stored.
+Doubles that are NaN or infinite are legal OTLP but not JSON, and the store keeps JSON: they are
+stored as the strings OTLP/JSON writes them as (``"NaN"``, ``"Infinity"``,
 ``"-Infinity"``), so the span is kept. A store whose database is unavailable fails the whole
 request with 503, which OTLP exporters retry (spans already stored are not duplicated: the store
 keeps one span per span id).
@@ -33,6 +37,7 @@ import pydantic
 
 from fulgor.credentials import is_attempt_credential
 from fulgor.errors import NotFoundError, StoreError, StoreUnavailableError, ValidationError
+from fulgor.limits import quoted
 from fulgor.semconv import RESOURCE_ATTEMPT_ID, RESOURCE_ROLLOUT_ID, SPAN_MODEL_CALL
 from fulgor.server.http import (
     JSON,
@@ -47,6 +52,7 @@ from fulgor.server.http import (
     header,
     read_body,
 )
+from fulgor.server.otlp_json import OtlpExportTraceServiceRequest, OtlpExportTraceServiceResponse
 from fulgor.server.routing import Route
 from fulgor.store import _rules as rules
 from fulgor.store import http_api as api
@@ -63,13 +69,16 @@ Attribution = tuple[str | None, str | None]
 
 
 def decode_json(body: bytes) -> dict[str, Any]:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` as a dict."""
+    """An OTLP/JSON ``ExportTraceServiceRequest`` as a dict (keys in lowerCamelCase), checked against
+    the shape OTLP/JSON gives it (:mod:`fulgor.server.otlp_json`): a body of another shape cannot be
+    decoded, and is refused whole (ValidationError, a 400), as OTLP says."""
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValidationError(f"body is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise ValidationError("body must be an OTLP/JSON ExportTraceServiceRequest object")
+        request = OtlpExportTraceServiceRequest.model_validate_json(body, strict=True)
+    except pydantic.ValidationError as error:
+        raise ValidationError(
+            f"body is not an OTLP/JSON ExportTraceServiceRequest: {_reason(error)}"
+        ) from None
+    document: dict[str, Any] = request.model_dump(by_alias=True, exclude_none=True)
     return document
 
 
@@ -190,7 +199,7 @@ def _any_value(raw: Any) -> Any:
         return [_any_value(v) for v in _list(value, "values")]
     if kind in ("kvlistValue", "kvlist_value"):
         return _attributes(_list(value, "values"))
-    raise ValidationError(f"unknown AnyValue kind {kind!r}")
+    raise ValidationError(f"unknown AnyValue kind {quoted(kind)}")
 
 
 def _seconds(nanos: Any) -> float:
@@ -254,7 +263,7 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     if encoding in ("", "identity"):
         return body
     if encoding != "gzip":
-        raise UnsupportedMediaTypeError(f"Content-Encoding {encoding!r} is not supported; use gzip")
+        raise UnsupportedMediaTypeError(f"Content-Encoding {quoted(encoding)} is not supported; use gzip")
     inflater = zlib.decompressobj(wbits=31)
     try:
         data = inflater.decompress(body, limit + 1)
@@ -279,7 +288,7 @@ def otlp_route(store: Store, max_body_bytes: int, operator_key: str | None = Non
         content_type = content_type.split(";")[0].strip().lower()
         if content_type not in (PROTOBUF, JSON):
             raise UnsupportedMediaTypeError(
-                f"Content-Type {content_type or '(none)'!r} is not OTLP; send {PROTOBUF} or {JSON}"
+                f"Content-Type {quoted(content_type or '(none)')} is not OTLP; send {PROTOBUF} or {JSON}"
             )
         encoding = (header(scope, b"content-encoding") or b"").decode("latin-1")
         body = _decompress(await read_body(receive, max_body_bytes), encoding, max_body_bytes)
@@ -389,7 +398,7 @@ _OPENAPI: dict[str, Any] = {
         "content": {
             PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
             "application/json": {
-                "schema": {"type": "object", "description": "OTLP/JSON ExportTraceServiceRequest"}
+                "schema": {"$ref": f"#/components/schemas/{OtlpExportTraceServiceRequest.__name__}"}
             },
         },
     },
@@ -398,12 +407,16 @@ _OPENAPI: dict[str, Any] = {
             "description": "Stored; rejected spans are counted in partialSuccess",
             "content": {
                 PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                "application/json": {"schema": {"type": "object"}},
+                "application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{OtlpExportTraceServiceResponse.__name__}"}
+                },
             },
         },
         "400": {"description": "Body is not OTLP", "content": _ERROR},
         "401": {"description": "Missing bearer token", "content": _ERROR},
-        "403": {"description": "Wrong bearer token", "content": _ERROR},
+        "403": {"description": "Wrong bearer token, or an attempt's credential for spans of other attempts", "content": _ERROR},
+        "408": {"description": "The body stopped coming before it was whole", "content": _ERROR},
+        "409": {"description": "The attempt the spans belong to has ended", "content": _ERROR},
         "413": {"description": "Body too large", "content": _ERROR},
         "415": {"description": "Not protobuf or JSON, or an unsupported Content-Encoding", "content": _ERROR},
         "503": {"description": "The store's database is unavailable; retry", "content": _ERROR},

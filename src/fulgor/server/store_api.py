@@ -72,7 +72,7 @@ class _Empty(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Run = Callable[[Call[Any]], Awaitable[bytes]]
+Run = Callable[[Call[Any]], Awaitable[bytes | Answer]]
 
 
 @dataclass(frozen=True)
@@ -158,12 +158,17 @@ async def _add_spans(call: Call[api.AddSpansBody]) -> bytes:
     return api.SPANS.dump_json(await call.store.add_spans(call.input.spans))
 
 
-async def _query_spans(call: Call[api.QuerySpansParams]) -> bytes:
+async def _query_spans(call: Call[api.QuerySpansParams]) -> Answer:
     q = call.input
     spans = await call.store.query_spans(
         call.path["rollout_id"], q.attempt_id, name=q.name, limit=q.limit, offset=q.offset
     )
-    return api.SPANS.dump_json(spans)
+    # The body stays a plain list of spans; how many stored ones did not read back goes beside it.
+    unreadable = getattr(spans, "spans_unreadable", 0)
+    return Answer(200, api.SPANS.dump_json(spans), ((_UNREADABLE_HEADER, b"%d" % unreadable),))
+
+
+_UNREADABLE_HEADER = api.SPANS_UNREADABLE_HEADER.lower().encode("latin-1")
 
 
 async def _put_resources(call: Call[api.PutResourcesBody]) -> bytes:
@@ -260,13 +265,14 @@ def _endpoint(operation: Operation, state: StoreState) -> routing.Endpoint:
             data = operation.body.model_validate_json(body or b"{}", strict=True)
         else:
             data = read_query(scope["query_string"], operation.query or _Empty, operation.list_fields)
-        return Answer(200, await operation.run(Call(state, data, params)))
+        answer = await operation.run(Call(state, data, params))
+        return answer if isinstance(answer, Answer) else Answer(200, answer)
 
     async def endpoint(scope: Scope, receive: Receive, params: dict[str, str]) -> Answer:
         key = header(scope, _IDEMPOTENCY_HEADER) if operation.idempotent else None
         if key is not None and len(key) > api.MAX_IDEMPOTENCY_KEY_LENGTH:
             message = f"{api.IDEMPOTENCY_HEADER} must be at most {api.MAX_IDEMPOTENCY_KEY_LENGTH} characters"
-            return error_answer(422, "validation_error", message)
+            return error_answer(400, "validation_error", message)
         body = await read_body(receive, limit) if operation.body is not None else b""
         if key is None:
             return await guarded(lambda: run(scope, body, params))

@@ -12,10 +12,13 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from fulgor import limits
 from fulgor.errors import InvalidTransitionError, ValidationError
+from fulgor.limits import quoted
+from fulgor.store.base import SpanList
 from fulgor.types import (
     ATTEMPT_LIVE_STATUSES,
     ATTEMPT_TERMINAL_STATUSES,
@@ -53,11 +56,71 @@ def new_attempt_id() -> str:
 
 
 def check_json(value: Any, field: str) -> str:
-    """Serialise ``value`` to JSON or raise ValidationError naming ``field``."""
+    """Serialise ``value`` to JSON as the store keeps it, or raise ValidationError naming ``field``
+    and the limit it breaks (nesting past ``MAX_JSON_DEPTH``, a value that is not JSON, text that
+    is not valid Unicode)."""
+    problem = _json_problem(value)
+    if isinstance(problem, str):
+        raise ValidationError(f"{field} {problem}")
+    return problem[0]
+
+
+def nests_deeper_than(value: Any, max_depth: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``max_depth`` levels (``{}`` and ``[]`` are
+    one level, a scalar none).
+
+    Level by level, without recursion, and it stops at the first level past the limit: a value
+    nested a million levels costs no more than one nested ``max_depth + 1``.
+    """
+    level: list[Any] = [value]
+    depth = 0
+    while True:
+        below: list[Any] = []
+        containers = False
+        for item in level:
+            if isinstance(item, dict):
+                children: Any = item.values()
+            elif isinstance(item, list | tuple):
+                children = item
+            else:
+                continue
+            containers = True
+            # Long runs of scalars (token ids, logprobs) are checked in C rather than one by one.
+            if len(children) > 8 and _SCALARS.issuperset(map(type, children)):
+                continue
+            below += [child for child in children if type(child) not in _SCALARS]
+        if not containers:
+            return False
+        depth += 1
+        if depth > max_depth:
+            return True
+        level = below
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_TOO_DEEP = (
+    f"nests JSON more than {limits.MAX_JSON_DEPTH} levels deep, past fulgor.limits.MAX_JSON_DEPTH "
+    "(stored, it could not be read back); flatten it"
+)
+
+
+def _json_problem(value: Any) -> tuple[str, int] | str:
+    """``value`` as the store's JSON and its size in UTF-8 bytes, or why it cannot be stored."""
+    if nests_deeper_than(value, limits.MAX_JSON_DEPTH):
+        return _TOO_DEEP
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise ValidationError(f"{field} must be JSON-serialisable: {error}") from error
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        return f"must be JSON-serialisable: {error}"
+    if text.isascii():
+        return text, len(text)
+    try:
+        return text, len(text.encode())
+    except UnicodeEncodeError:
+        return _NOT_UNICODE
+
+
+_NOT_UNICODE = "holds a lone surrogate (text that is not valid Unicode, which no backend can store)"
 
 
 def json_float(number: float) -> float | str:
@@ -67,12 +130,33 @@ def json_float(number: float) -> float | str:
     return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
 
 
-def check_text(value: Any, field: str) -> None:
-    """An id or a name: a string without NUL characters (PostgreSQL's text cannot hold one)."""
+def check_text(value: Any, field: str, max_chars: int = limits.MAX_ID_CHARS) -> None:
+    """An id: a string of at most ``MAX_ID_CHARS`` characters without NUL characters (PostgreSQL's
+    text cannot hold one) or lone surrogates (no database can)."""
     if not isinstance(value, str):
         raise ValidationError(f"{field} must be a string, got {type(value).__name__}")
+    if len(value) > max_chars:
+        limit = "MAX_NAME_CHARS" if max_chars == limits.MAX_NAME_CHARS else "MAX_ID_CHARS"
+        raise ValidationError(
+            f"{field} is {len(value)} characters long, past fulgor.limits.{limit} ({max_chars})"
+        )
     if "\x00" in value:
         raise ValidationError(f"{field} must not contain NUL characters")
+    if not value.isascii() and not _is_unicode(value):
+        raise ValidationError(f"{field} {_NOT_UNICODE}")
+
+
+def check_name(value: Any, field: str) -> None:
+    """A name (a span's, a resource's): as :func:`check_text`, up to ``MAX_NAME_CHARS`` characters."""
+    check_text(value, field, limits.MAX_NAME_CHARS)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_ids(values: Sequence[str], field: str) -> None:
@@ -86,7 +170,7 @@ def check_ids(values: Sequence[str], field: str) -> None:
 def check_seconds(value: float, field: str) -> None:
     """A duration: a finite number, zero or more (NaN would pass ``< 0`` and never run out)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise ValidationError(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+        raise ValidationError(f"{field} must be a finite number of seconds >= 0, got {quoted(value)}")
 
 
 def check_requests(requests: Sequence[RolloutRequest]) -> None:
@@ -102,15 +186,18 @@ def check_requests(requests: Sequence[RolloutRequest]) -> None:
 
 
 def check_worker_id(worker_id: str) -> None:
-    if not isinstance(worker_id, str) or not worker_id or len(worker_id) > 256:
-        raise ValidationError("worker_id must be a non-empty string of at most 256 characters")
+    if not isinstance(worker_id, str) or not worker_id or len(worker_id) > limits.MAX_ID_CHARS:
+        raise ValidationError(
+            f"worker_id must be a non-empty string of at most {limits.MAX_ID_CHARS} characters "
+            "(fulgor.limits.MAX_ID_CHARS)"
+        )
     check_text(worker_id, "worker_id")
 
 
 def check_claim_args(worker_id: str, limit: int, wait_seconds: float) -> None:
     check_worker_id(worker_id)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValidationError(f"limit must be a positive integer, got {limit!r}")
+        raise ValidationError(f"limit must be a positive integer, got {quoted(limit)}")
     check_seconds(wait_seconds, "wait_seconds")
 
 
@@ -141,7 +228,7 @@ def check_attempt_update(
     if error is not None:
         if not isinstance(error, str):
             raise ValidationError(f"error must be a string, got {type(error).__name__}")
-        error = error.replace("\x00", "\ufffd")
+        error = _storable_text(error)
     if metadata is None:
         return error, None
     if not isinstance(metadata, dict):
@@ -150,13 +237,21 @@ def check_attempt_update(
     return error, normalised
 
 
+def _storable_text(text: str) -> str:
+    """Free text with NUL characters and lone surrogates as U+FFFD, which every backend stores."""
+    text = text.replace("\x00", "\ufffd")
+    if text.isascii() or _is_unicode(text):
+        return text
+    return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
+
+
 def check_page(limit: int | None, offset: int, order: str = "asc") -> None:
     if order not in ("asc", "desc"):
-        raise ValidationError(f"order must be 'asc' or 'desc', got {order!r}")
+        raise ValidationError(f"order must be 'asc' or 'desc', got {quoted(order)}")
     if limit is not None and not 0 <= limit <= _MAX_PAGE:
-        raise ValidationError(f"limit must be between 0 and {_MAX_PAGE}, got {limit!r}")
+        raise ValidationError(f"limit must be between 0 and {_MAX_PAGE}, got {quoted(limit)}")
     if not 0 <= offset <= _MAX_PAGE:
-        raise ValidationError(f"offset must be between 0 and {_MAX_PAGE}, got {offset!r}")
+        raise ValidationError(f"offset must be between 0 and {_MAX_PAGE}, got {quoted(offset)}")
 
 
 def check_span_query(
@@ -167,51 +262,89 @@ def check_span_query(
     if attempt_id is not None:
         check_text(attempt_id, "attempt_id")
     if name is not None:
-        check_text(name, "name")
+        check_name(name, "name")
 
 
-_SPAN_TEXT_FIELDS = ("rollout_id", "attempt_id", "trace_id", "span_id", "parent_id", "name")
+_SPAN_ID_FIELDS = ("rollout_id", "attempt_id", "trace_id", "span_id", "parent_id")
 
 
 def check_spans(spans: Sequence[Span]) -> None:
+    """Every span's ids and name (:func:`check_text`), times, and what it carries (attributes, its
+    events' attributes, its resource): JSON nested at most ``MAX_JSON_DEPTH`` levels, together at
+    most ``MAX_SPAN_ATTRIBUTES_BYTES``."""
     # On every span add: a field's name is only put together once it is known to be wrong.
     for index, span in enumerate(spans):
         if not isinstance(span, Span):
             raise ValidationError(f"spans[{index}] must be a Span, got {type(span).__name__}")
-        try:
-            ids = (span.rollout_id, span.attempt_id, span.trace_id, span.span_id, span.parent_id or "")
-            text = "".join((*ids, span.name))
-        except TypeError:  # a field that is not a string (a model built without validation)
-            text = "\x00"
-        if "\x00" in text:
-            for field in _SPAN_TEXT_FIELDS:
-                value = getattr(span, field)
-                if value is not None:
-                    check_text(value, f"spans[{index}].{field}")
-        if not _is_json(span.attributes):
-            check_json(span.attributes, f"spans[{index}].attributes")
-        if not _is_json(span.resource):
-            check_json(span.resource, f"spans[{index}].resource")
+        _check_span_text(span, index)
+        size = _carried_size(span.attributes, index, "attributes")
+        size += _carried_size(span.resource, index, "resource")
         for event_index, event in enumerate(span.events):
-            check_json(event.attributes, f"spans[{index}].events[{event_index}].attributes")
+            size += _carried_size(event.attributes, index, f"events[{event_index}].attributes")
             _check_time(event.time, f"spans[{index}].events[{event_index}].time")
+        if size > limits.MAX_SPAN_ATTRIBUTES_BYTES:
+            raise ValidationError(
+                f"spans[{index}] carries {size} bytes of attributes, event attributes and resource, "
+                f"past fulgor.limits.MAX_SPAN_ATTRIBUTES_BYTES ({limits.MAX_SPAN_ATTRIBUTES_BYTES}); "
+                "record less in one span"
+            )
         if not math.isfinite(span.start_time):
             _check_time(span.start_time, f"spans[{index}].start_time")
         if span.end_time is not None and not math.isfinite(span.end_time):
             _check_time(span.end_time, f"spans[{index}].end_time")
 
 
-def _is_json(value: Any) -> bool:
+def _check_span_text(span: Span, index: int) -> None:
+    """The ids, name, status message and event names: fast when all is plain and short."""
     try:
-        json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):
-        return False
-    return True
+        ids = (span.rollout_id, span.attempt_id, span.trace_id, span.span_id, span.parent_id or "")
+        text = "".join((*ids, span.name, span.status.message or "", *(e.name for e in span.events)))
+        short = max(map(len, ids)) <= limits.MAX_ID_CHARS and len(span.name) <= limits.MAX_NAME_CHARS
+    except TypeError:  # a field that is not a string (a model built without validation)
+        text, short = "", False
+    if short and text.isascii() and "\x00" not in text:
+        return
+    for field in _SPAN_ID_FIELDS:
+        value = getattr(span, field)
+        if value is not None:
+            check_text(value, f"spans[{index}].{field}")
+    check_name(span.name, f"spans[{index}].name")
+    others = [span.status.message or "", *(event.name for event in span.events)]
+    if not all(not isinstance(other, str) or _is_unicode(other) for other in others):
+        raise ValidationError(f"spans[{index}] has a status message or event name that {_NOT_UNICODE}")
+
+
+def _carried_size(value: Any, index: int, field: str) -> int:
+    problem = _json_problem(value)
+    if isinstance(problem, str):
+        raise ValidationError(f"spans[{index}].{field} {problem}")
+    return problem[1]
+
+
+def read_spans(bodies: Iterable[str | bytes]) -> SpanList:
+    """Spans from the JSON bodies a backend stored; a body that no longer reads as a span (one an
+    older version stored past today's limits) is skipped and counted in ``spans_unreadable``."""
+    spans = SpanList()
+    for body in bodies:
+        try:
+            spans.append(Span.model_validate_json(body))
+        except ValueError:  # pydantic's ValidationError is one
+            spans.spans_unreadable += 1
+    return spans
+
+
+def stored_span(body: str | bytes, sequence_id: int, added: Span) -> Span:
+    """The span a backend holds under ``added``'s span id (its body and sequence id), as re-adding
+    it returns it; ``added`` with that sequence id when the stored body no longer reads."""
+    try:
+        return Span.model_validate_json(body)
+    except ValueError:
+        return added.model_copy(update={"sequence_id": sequence_id})
 
 
 def _check_time(value: float, field: str) -> None:
     if not math.isfinite(value):
-        raise ValidationError(f"{field} must be a finite number, got {value!r}")
+        raise ValidationError(f"{field} must be a finite number, got {quoted(value)}")
 
 
 def check_resources(resources: Resources, resources_id: str | None) -> None:
@@ -227,9 +360,13 @@ def check_resources(resources: Resources, resources_id: str | None) -> None:
         )
     for name, resource in resources.items():
         if not isinstance(name, str) or not isinstance(resource, LLM | PromptTemplate):
-            raise ValidationError(f"resources[{name!r}] must be an LLM or a PromptTemplate keyed by a string")
+            raise ValidationError(
+                f"resources[{quoted(name)}] must be an LLM or a PromptTemplate keyed by a string"
+            )
+        check_name(name, f"resources[{quoted(name)}]")
         if isinstance(resource, LLM):
-            check_json(resource.sampling_parameters, f"resources[{name!r}].sampling_parameters")
+            check_json(resource.sampling_parameters, f"resources[{quoted(name)}].sampling_parameters")
+        check_json(resource.model_dump(mode="json"), f"resources[{quoted(name)}]")
 
 
 def check_cancellable(rollouts: Sequence[Rollout]) -> None:
@@ -305,7 +442,7 @@ def attempted(rollout: Rollout, attempt: Attempt) -> AttemptedRollout:
 def check_attempt_transition(attempt: Attempt, status: AttemptStatus) -> None:
     if status not in ATTEMPT_LIVE_STATUSES | ATTEMPT_TERMINAL_STATUSES:
         valid = ", ".join(sorted(ATTEMPT_LIVE_STATUSES | ATTEMPT_TERMINAL_STATUSES))
-        raise ValidationError(f"status must be one of {valid}; got {status!r}")
+        raise ValidationError(f"status must be one of {valid}; got {quoted(status)}")
     if status not in _ATTEMPT_NEXT.get(attempt.status, frozenset()):
         raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status, status)
 

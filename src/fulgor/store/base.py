@@ -48,6 +48,11 @@ Semantics every backend keeps:
 * Span sequence ids are allocated by the store, strictly increasing within an attempt and
   starting at 1. Re-adding a span whose ``span_id`` the attempt already holds returns the stored
   span and writes nothing, so retried adds never duplicate.
+* What is stored reads back: every write holds records to the limits of :mod:`fulgor.limits`
+  (JSON nesting, a span's size, id and name lengths) and refuses one past them with
+  ValidationError naming the limit. ``query_spans`` returns a :class:`SpanList`: a span record
+  that does not read back (one an older version stored past those limits) is skipped and counted
+  in its ``spans_unreadable``, so one bad record never hides the others.
 * ``put_resources`` gives every put a version one above the highest so far; the highest is
   "latest". A rollout records the resources id it ran with when its first attempt starts.
 * Returned objects are frozen pydantic models and may be shared with the store's own state:
@@ -56,7 +61,7 @@ Semantics every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from fulgor.types import (
@@ -75,9 +80,18 @@ from fulgor.types import (
     Worker,
 )
 
-__all__ = ["LATEST", "Store"]
+__all__ = ["LATEST", "SpanList", "Store"]
 
 LATEST: Literal["latest"] = "latest"
+
+
+class SpanList(list[Span]):
+    """The spans ``query_spans`` returns, and how many stored span records it skipped because they
+    did not read back (``spans_unreadable``): a rollout with any is missing part of its trace."""
+
+    def __init__(self, spans: Iterable[Span] = (), spans_unreadable: int = 0) -> None:
+        super().__init__(spans)
+        self.spans_unreadable = spans_unreadable
 
 
 @runtime_checkable
@@ -167,8 +181,11 @@ class Store(Protocol):
         name: str | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> list[Span]:
-        """Spans of a rollout (all attempts, one attempt, or the latest), by attempt then sequence id."""
+    ) -> SpanList:
+        """Spans of a rollout (all attempts, one attempt, or the latest), by attempt then sequence id.
+
+        Its ``spans_unreadable`` counts the span records skipped because they no longer read back.
+        """
         ...
 
     async def put_resources(self, resources: Resources, resources_id: str | None = None) -> ResourcesVersion:

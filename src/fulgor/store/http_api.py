@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from fulgor.limits import quoted
 from fulgor.types import (
     Attempt,
     AttemptedRollout,
@@ -31,6 +32,8 @@ IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 MAX_IDEMPOTENCY_KEY_LENGTH: Final = 200
 ROLLOUT_HEADER: Final = "X-Fulgor-Rollout-Id"
 ATTEMPT_HEADER: Final = "X-Fulgor-Attempt-Id"
+# A span query's answer counts here the stored spans it skipped because they no longer read back.
+SPANS_UNREADABLE_HEADER: Final = "X-Fulgor-Spans-Unreadable"
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=256)]
 # Pages beyond 2**53 cannot exist, and larger numbers overflow database integers.
@@ -165,5 +168,7 @@ def field_path(loc: tuple[Any, ...]) -> str:
         elif isinstance(part, str) and part.startswith(("function-", "tagged-union")):
             continue
         else:
-            path += f".{part}" if path else str(part)
+            # A dict key is the caller's text: quoted short, as every echoed value is.
+            text = quoted(str(part), bare=True)
+            path += f".{text}" if path else text
     return path or "body"

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from fulgor.errors import NotFoundError, ValidationError
+from fulgor.limits import quoted
 from fulgor.store import _rules as rules
 from fulgor.store.base import LATEST
 from fulgor.store.validated import ValidatedStore
@@ -202,7 +203,7 @@ class MemoryStore(ValidatedStore):
         if resources_id is None:
             return self._latest_resources
         if resources_id not in self._resources:
-            raise NotFoundError(f"resources {resources_id!r} not found")
+            raise NotFoundError(f"resources {quoted(resources_id)} not found")
         return self._resources[resources_id]
 
     # -- workers, waiting, stats -------------------------------------------------------------------
@@ -275,14 +276,14 @@ class MemoryStore(ValidatedStore):
         try:
             return self._rollouts[rollout_id]
         except KeyError:
-            raise NotFoundError(f"rollout {rollout_id!r} not found") from None
+            raise NotFoundError(f"rollout {quoted(rollout_id)} not found") from None
 
     def _attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         self._rollout(rollout_id)
         for attempt in reversed(self._attempts[rollout_id]):
             if attempt.attempt_id == attempt_id:
                 return attempt
-        raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+        raise NotFoundError(f"attempt {quoted(attempt_id)} of rollout {quoted(rollout_id)} not found")
 
     def _claim_now(self, worker_id: str, limit: int) -> list[AttemptedRollout]:
         self._check_open()

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from fulgor.errors import NotFoundError
+from fulgor.limits import quoted
 from fulgor.store import _rules as rules
 from fulgor.store._postgres_db import Database, fetch
 from fulgor.store._rows import (
@@ -41,7 +42,7 @@ from fulgor.store._rows import (
     rollout_row,
     worker_from_row,
 )
-from fulgor.store.base import LATEST
+from fulgor.store.base import LATEST, SpanList
 from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
@@ -305,7 +306,7 @@ class PostgresStore(ValidatedStore):
         name: str | None,
         limit: int | None,
         offset: int,
-    ) -> list[Span]:
+    ) -> SpanList:
         async with self._db.connection() as conn:
             await self._sweep(conn)
             rollout = await self._rollout(conn, rollout_id)
@@ -327,7 +328,7 @@ class PostgresStore(ValidatedStore):
                 "ORDER BY attempt_seq, sequence_id LIMIT %s OFFSET %s",
                 params,
             )
-        return [Span.model_validate_json(row[0]) for row in rows]
+        return rules.read_spans(row[0] for row in rows)
 
     # -- resources --------------------------------------------------------------------------------
 
@@ -355,7 +356,7 @@ class PostgresStore(ValidatedStore):
                 return ResourcesVersion.model_validate_json(rows[0][0]) if rows else None
             rows = await fetch(conn, "SELECT body FROM resources WHERE resources_id = %s", (resources_id,))
         if not rows:
-            raise NotFoundError(f"resources {resources_id!r} not found")
+            raise NotFoundError(f"resources {quoted(resources_id)} not found")
         return ResourcesVersion.model_validate_json(rows[0][0])
 
     # -- workers, waiting, stats ------------------------------------------------------------------
@@ -450,7 +451,7 @@ class PostgresStore(ValidatedStore):
             conn, f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = %s{suffix}", (rollout_id,)
         )
         if not rows:
-            raise NotFoundError(f"rollout {rollout_id!r} not found")
+            raise NotFoundError(f"rollout {quoted(rollout_id)} not found")
         return rollout_from_row(rows[0])
 
     async def _locked_rollouts(self, conn: Connection, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
@@ -464,7 +465,7 @@ class PostgresStore(ValidatedStore):
         by_id = {rollout.rollout_id: rollout for rollout in map(rollout_from_row, rows)}
         for rollout_id in rollout_ids:
             if rollout_id not in by_id:
-                raise NotFoundError(f"rollout {rollout_id!r} not found")
+                raise NotFoundError(f"rollout {quoted(rollout_id)} not found")
         return {rollout_id: by_id[rollout_id] for rollout_id in rollout_ids}
 
     async def _attempt(
@@ -478,7 +479,7 @@ class PostgresStore(ValidatedStore):
         )
         if not rows:
             await self._rollout(conn, rollout_id)
-            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+            raise NotFoundError(f"attempt {quoted(attempt_id)} of rollout {quoted(rollout_id)} not found")
         return attempt_from_row(rows[0])
 
     async def _terminal(self, conn: Connection, rollout_ids: Sequence[str]) -> list[Rollout]:
@@ -577,11 +578,12 @@ class PostgresStore(ValidatedStore):
         """Insert the spans the attempts do not hold yet, allocating sequence ids; runs in a transaction."""
         rows = await fetch(
             conn,
-            "SELECT attempt_id, span_id, body FROM spans "
+            "SELECT attempt_id, span_id, body, sequence_id FROM spans "
             "WHERE (attempt_id, span_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
             ([span.attempt_id for span in spans], [span.span_id for span in spans]),
         )
-        known = {(row[0], row[1]): Span.model_validate_json(row[2]) for row in rows}
+        added = {(span.attempt_id, span.span_id): span for span in spans}
+        known = {(row[0], row[1]): rules.stored_span(row[2], row[3], added[row[0], row[1]]) for row in rows}
         counts = await self._span_counts(conn, [attempt_id for _, attempt_id in attempts])
         stored, new_rows = [], []
         for span in spans:

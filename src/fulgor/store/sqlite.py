@@ -34,6 +34,7 @@ from fulgor.errors import (
     StoreUnavailableError,
     ValidationError,
 )
+from fulgor.limits import quoted
 from fulgor.store import _rules as rules
 from fulgor.store._rows import (
     ATTEMPT_COLUMNS,
@@ -45,7 +46,7 @@ from fulgor.store._rows import (
     rollout_row,
     worker_from_row,
 )
-from fulgor.store.base import LATEST
+from fulgor.store.base import LATEST, SpanList
 from fulgor.store.validated import ValidatedStore
 from fulgor.types import (
     ROLLOUT_QUEUED_STATUSES,
@@ -335,9 +336,10 @@ class SqliteStore(ValidatedStore):
             counts[key] += 1
             return candidate
         row = self._conn.execute(
-            "SELECT body FROM spans WHERE attempt_id = ? AND span_id = ?", (span.attempt_id, span.span_id)
+            "SELECT body, sequence_id FROM spans WHERE attempt_id = ? AND span_id = ?",
+            (span.attempt_id, span.span_id),
         ).fetchone()
-        return Span.model_validate_json(row[0])
+        return rules.stored_span(row[0], row[1], span)
 
     async def _query_spans(
         self,
@@ -346,7 +348,7 @@ class SqliteStore(ValidatedStore):
         name: str | None,
         limit: int | None,
         offset: int,
-    ) -> list[Span]:
+    ) -> SpanList:
         self._sweep()
         rollout = self._rollout(rollout_id)
         clauses = ["rollout_id = ?"]
@@ -366,7 +368,7 @@ class SqliteStore(ValidatedStore):
             "ORDER BY attempt_seq, sequence_id LIMIT ? OFFSET ?",
             params,
         )
-        return [Span.model_validate_json(row[0]) for row in rows]
+        return rules.read_spans(row[0] for row in rows)
 
     # -- resources --------------------------------------------------------------------------------
 
@@ -386,7 +388,7 @@ class SqliteStore(ValidatedStore):
             return ResourcesVersion.model_validate_json(rows[0][0]) if rows else None
         rows = self._read("SELECT body FROM resources WHERE resources_id = ?", (resources_id,))
         if not rows:
-            raise NotFoundError(f"resources {resources_id!r} not found")
+            raise NotFoundError(f"resources {quoted(resources_id)} not found")
         return ResourcesVersion.model_validate_json(rows[0][0])
 
     # -- workers, waiting, stats -------------------------------------------------------------------
@@ -530,7 +532,7 @@ class SqliteStore(ValidatedStore):
     def _rollout(self, rollout_id: str) -> Rollout:
         rows = self._read(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
         if not rows:
-            raise NotFoundError(f"rollout {rollout_id!r} not found")
+            raise NotFoundError(f"rollout {quoted(rollout_id)} not found")
         return rollout_from_row(rows[0])
 
     def _attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
@@ -540,7 +542,7 @@ class SqliteStore(ValidatedStore):
         )
         if not rows:
             self._rollout(rollout_id)
-            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+            raise NotFoundError(f"attempt {quoted(attempt_id)} of rollout {quoted(rollout_id)} not found")
         return attempt_from_row(rows[0])
 
     def _next_queue_seq(self) -> int:
@@ -631,7 +633,7 @@ class SqliteStore(ValidatedStore):
         ).fetchone()
         if row is None:
             self._rollout(rollout_id)
-            raise NotFoundError(f"attempt {attempt_id!r} of rollout {rollout_id!r} not found")
+            raise NotFoundError(f"attempt {quoted(attempt_id)} of rollout {quoted(rollout_id)} not found")
         return int(row[0]), str(row[1]), int(row[2])
 
     def _cancel_one(self, rollout: Rollout, now: float) -> Rollout:

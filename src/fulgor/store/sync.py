@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from fulgor.errors import ConfigError, ValidationError
-from fulgor.store.base import Store
+from fulgor.store.base import SpanList, Store
 from fulgor.store.memory import MemoryStore
 from fulgor.store.sqlite import SqliteStore
 from fulgor.types import (
@@ -194,7 +194,7 @@ class SyncStore:
         name: str | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> list[Span]:
+    ) -> SpanList:
         return self._run(
             self.store.query_spans(rollout_id, attempt_id, name=name, limit=limit, offset=offset)
         )

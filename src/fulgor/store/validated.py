@@ -5,17 +5,22 @@ arguments with the shared rules (:mod:`fulgor.store._rules`), normalises them (a
 without NUL characters, metadata as JSON gives it back, statuses as a set) and hands them to the
 backend's storage method of the same name with a leading underscore. A backend subclasses it and
 writes only its storage; whatever reaches a storage method has passed the checks, so a call that
-raises ValidationError has written nothing anywhere. The conformance suite in
+raises ValidationError has written nothing anywhere, and nothing past the limits of
+:mod:`fulgor.limits` is ever stored. Reads hand back what still reads: ``query_spans`` skips span
+records an older version stored past those limits, counts them in the answer's
+``spans_unreadable`` and logs them. The conformance suite in
 ``tests/unit/store`` holds every backend to the same answers.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Literal
 
 from fulgor.store import _rules as rules
+from fulgor.store.base import SpanList
 from fulgor.types import (
     Attempt,
     AttemptedRollout,
@@ -33,6 +38,8 @@ from fulgor.types import (
 )
 
 __all__ = ["ValidatedStore"]
+
+logger = logging.getLogger(__name__)
 
 Statuses = frozenset[str] | None
 
@@ -115,9 +122,19 @@ class ValidatedStore(ABC):
         name: str | None = None,
         limit: int | None = None,
         offset: int = 0,
-    ) -> list[Span]:
+    ) -> SpanList:
         rules.check_span_query(rollout_id, attempt_id, name, limit, offset)
-        return await self._query_spans(rollout_id, attempt_id, name, limit, offset)
+        spans = await self._query_spans(rollout_id, attempt_id, name, limit, offset)
+        if not isinstance(spans, SpanList):  # a backend that cannot hold an unreadable record
+            return SpanList(spans)
+        if spans.spans_unreadable:
+            logger.warning(
+                "%d stored span(s) of rollout %s no longer read back (stored past fulgor.limits by "
+                "an older version); skipped, and counted in spans_unreadable",
+                spans.spans_unreadable,
+                rollout_id,
+            )
+        return spans
 
     # -- resources --------------------------------------------------------------------------------
 

@@ -12,16 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
 from fulgor.errors import InvalidTransitionError
-from fulgor.semconv import ATTEMPT_SPANS_LOST
+from fulgor.semconv import (
+    ATTEMPT_SPANS_LOST,
+    ATTR_MODEL_CALL,
+    ATTR_REWARD_VALUE,
+    SPAN_MODEL_CALL,
+    SPAN_REWARD,
+)
 from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
-from fulgor.types import ModelCall, Rollout, RolloutRequest
+from fulgor.types import ModelCall, Rollout, RolloutRequest, Span
 
 __all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "requested_tools", "run_rollouts"]
 
@@ -106,9 +115,13 @@ async def read_outcome(
 
     ``spans_lost`` counts spans of the rollout lost on the way to the store outside its attempt's
     own record (the gateway's); with those its attempt records, a rollout that lost any is not
-    trained on: its trace is incomplete.
+    trained on: its trace is incomplete. Nor is one with spans that do not read back (stored
+    records the store skips, model call or reward spans that are malformed): they are counted in
+    ``spans_unreadable``, and training goes on with the other rollouts.
     """
-    spans = await store.query_spans(rollout.rollout_id, LATEST)
+    stored = await store.query_spans(rollout.rollout_id, LATEST)
+    spans, malformed = _readable(stored)
+    unreadable = malformed + getattr(stored, "spans_unreadable", 0)
     attempts = await store.list_attempts(rollout.rollout_id)
     latest = attempts[-1] if attempts else None
     lost = spans_lost + (_lost_in(latest.metadata) if latest is not None else 0)
@@ -119,11 +132,32 @@ async def read_outcome(
         error = (latest.error if latest is not None else None) or rollout.status
     elif lost:
         error = f"{lost} of its spans were not stored (the runner's and the gateway's logs say which)"
+    elif unreadable:
+        error = f"{unreadable} of its spans could not be read back (the store's log says which rollout)"
     else:
         trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
         return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
-    drift = DriftReport(spans_lost=lost)
+    drift = DriftReport(spans_lost=lost, spans_unreadable=unreadable)
     return RolloutOutcome(rollout, reward, len(calls), None, drift, error=error, tool_calls=tool_calls)
+
+
+def _readable(spans: Sequence[Span]) -> tuple[list[Span], int]:
+    """The spans training can read, and how many it cannot: a ``fulgor.model_call`` span whose call
+    is not a ModelCall, a ``fulgor.reward`` span whose value is not a finite number (any agent or
+    OpenTelemetry exporter may send spans of those names). Such a span would stop training."""
+    readable: list[Span] = []
+    for span in spans:
+        if span.name == SPAN_MODEL_CALL and ATTR_MODEL_CALL in span.attributes:
+            try:
+                ModelCall.model_validate(span.attributes[ATTR_MODEL_CALL])
+            except pydantic.ValidationError:
+                continue
+        elif span.name == SPAN_REWARD and ATTR_REWARD_VALUE in span.attributes:
+            value = span.attributes[ATTR_REWARD_VALUE]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+        readable.append(span)
+    return readable, len(spans) - len(readable)
 
 
 def _lost_in(metadata: dict[str, Any]) -> int:

@@ -132,7 +132,7 @@ async def test_store_errors_map_to_status_codes_with_error_bodies(
     assert (raised.value.from_status, raised.value.to_status) == ("succeeded", "failed")
 
     bad_page = await http.get("/api/v1/rollouts", params={"limit": "-1"})
-    assert bad_page.status_code == 422
+    assert bad_page.status_code == 400
     assert "limit" in error_of(bad_page)["message"]
 
     unknown_route = await http.get("/api/v1/nothing-here")
@@ -144,7 +144,7 @@ async def test_store_errors_map_to_status_codes_with_error_bodies(
 async def test_validation_errors_name_the_field_path(http: httpx.AsyncClient) -> None:
     bad_span = {"spans": [{"rollout_id": "r", "attempt_id": "a", "trace_id": "t", "span_id": "s"}]}
     response = await http.post("/api/v1/spans", json=bad_span)
-    assert response.status_code == 422
+    assert response.status_code == 400
     error = error_of(response)
     assert error["code"] == "validation_error"
     assert "spans[0].name" in error["message"]
@@ -153,7 +153,7 @@ async def test_validation_errors_name_the_field_path(http: httpx.AsyncClient) ->
     not_json = await http.post(
         "/api/v1/rollouts", content=b"{nope", headers={"Content-Type": "application/json"}
     )
-    assert (not_json.status_code, error_of(not_json)["code"]) == (422, "validation_error")
+    assert (not_json.status_code, error_of(not_json)["code"]) == (400, "validation_error")
 
     extra = await http.post("/api/v1/rollouts/claim", json={"worker_id": "w", "surprise": 1})
     assert "surprise" in error_of(extra)["message"]

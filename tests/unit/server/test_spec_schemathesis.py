@@ -1,7 +1,8 @@
 """Property-based API testing with schemathesis against the served OpenAPI spec.
 
 Every operation gets generated requests, valid and invalid; no answer may be a 5xx, and every
-answer must match the spec (status code documented, content type, body schema). Bounded in
+answer must match the spec (status code documented, content type, body schema). OTLP's JSON body is
+generated from its OTLP/JSON schema (a request of another shape must be a 400 as a whole). Bounded in
 examples so the whole run stays well under a minute.
 """
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-# Protobuf bodies (OTLP) cannot be generated from a schema; the OTLP tests cover them.
+# Protobuf bodies (OTLP) cannot be generated from a schema; the OTLP tests cover them, and
+# tests/reliability/test_bad_input.py the malformed ones.
 pytestmark = pytest.mark.filterwarnings("ignore:Skipped test cases with unsupported payload media types")
 
 from hypothesis import HealthCheck, settings  # noqa: E402

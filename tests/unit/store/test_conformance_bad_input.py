@@ -111,6 +111,13 @@ class NotJson:
     pass
 
 
+def deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 INVALID: dict[str, tuple[str, Call]] = {
     "enqueue input object": (
         "requests[1].input",
@@ -252,6 +259,24 @@ INVALID: dict[str, tuple[str, Call]] = {
     "update_attempt error not a string": (
         "error",
         lambda s, c: s.update_attempt(c.rollout_id, c.attempt.attempt_id, status="failed", error=5),
+    ),
+    # The limits of fulgor.limits: nesting pydantic could not read back, ids past their length, text
+    # no database can store.
+    "enqueue input nested too deep": ("MAX_JSON_DEPTH", lambda s, c: s.enqueue([request(deep(150))])),
+    "add_spans attributes nested too deep": (
+        "spans[0].attributes",
+        lambda s, c: s.add_spans([span(c.rollout_id, c.attempt.attempt_id, attributes={"x": deep(150)})]),
+    ),
+    "heartbeat stats nested too deep": ("MAX_JSON_DEPTH", lambda s, c: s.heartbeat("w1", {"s": deep(150)})),
+    "get_rollout id too long": ("MAX_ID_CHARS", lambda s, c: s.get_rollout("r" * 1000)),
+    "cancel id too long": ("rollout_ids[0]", lambda s, c: s.cancel(["r" * 1000])),
+    "add_spans lone surrogate": (
+        "spans[0].attributes",
+        lambda s, c: s.add_spans([span(c.rollout_id, c.attempt.attempt_id, attributes={"x": "\ud800"})]),
+    ),
+    "update_attempt metadata lone surrogate": (
+        "metadata",
+        lambda s, c: s.update_attempt(c.rollout_id, c.attempt.attempt_id, metadata={"\udc00": 1}),
     ),
     "heartbeat attempt_ids a string": ("attempt_ids", lambda s, c: s.heartbeat("w1", attempt_ids="at-1")),
     "heartbeat attempt_ids not strings": ("attempt_ids[0]", lambda s, c: s.heartbeat("w1", attempt_ids=[5])),
