@@ -14,6 +14,9 @@ Four stages, each reusing what an earlier run of the same run directory already 
 
     python -m examples.calc.train                    # a new run under runs/calc-<time>
     python -m examples.calc.train --run-dir runs/calc --seed 1
+
+Ctrl+C at any stage stops every process the demo started and exits with status 130, naming the
+``--run-dir`` that continues from the stages it finished.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,7 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")
     started = time.perf_counter()
-    result = run_demo(run_dir, seed=args.seed, max_steps=args.steps)
+    try:
+        result = run_demo(run_dir, seed=args.seed, max_steps=args.steps)
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
+            f"with --run-dir {run_dir}",
+            file=sys.stderr,
+        )
+        return 130
     grpo_dir = run_dir / "grpo"
     first = next((m for m in result.history if m.get("step") == 0), {})
     report = write_run_report(

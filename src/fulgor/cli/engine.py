@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fulgor.cli._options import port_number
+from fulgor.cli._stopping import StopRequests
 from fulgor.errors import ConfigError, FulgorError
 
 __all__ = ["register"]
@@ -32,14 +32,7 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
-def _stop_on_sigterm() -> None:
-    def handle(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handle)
-
-
-def _serve_local(args: argparse.Namespace) -> int:
+def _serve_local(args: argparse.Namespace, stopping: StopRequests) -> int:
     if args.vllm_arg:
         raise ConfigError("--vllm-arg only applies to --backend vllm; drop it, or add --backend vllm")
     from fulgor.engine.loading import require_torch
@@ -72,11 +65,22 @@ def _serve_local(args: argparse.Namespace) -> int:
         sock.close()
         raise
     server = ServerThread(create_app(engine), sock=sock)
-    _run_until_stopped(server.start, server.wait, server.stop)
+
+    def stop() -> None:
+        # The generation first: requests in flight end now (a stream with an error event, a whole
+        # answer with 503) rather than generating on while the server waits for them to finish.
+        engine.close()
+        server.stop()
+        if server.running:
+            logger.error("the server did not stop within its timeout")
+        else:
+            logger.info("stopped: the server is closed and the generation thread has ended")
+
+    _run_until_stopped(server.start, lambda: server.running, stop, stopping)
     return 0
 
 
-def _serve_vllm(args: argparse.Namespace) -> int:
+def _serve_vllm(args: argparse.Namespace, stopping: StopRequests) -> int:
     from fulgor.engine.vllm import VLLMConfig, VLLMServer
 
     given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY_FLAGS if getattr(args, name) is not None]
@@ -95,31 +99,40 @@ def _serve_vllm(args: argparse.Namespace) -> int:
         extra_args=tuple(args.vllm_arg),
     )
     server = VLLMServer(config)
-    _run_until_stopped(server.start, server.wait, server.stop)
+    _run_until_stopped(server.start, lambda: server.running, server.stop, stopping)
     return 0
 
 
-def _run_until_stopped(start: Callable[[], str], wait: Callable[[], None], stop: Callable[[], None]) -> None:
-    """Start, print the URL, serve until Ctrl+C or SIGTERM; stop in every case, even when the signal
-    comes while starting (vLLM runs in a session of its own, so the terminal's Ctrl+C never reaches it)."""
-    _stop_on_sigterm()
+def _run_until_stopped(
+    start: Callable[[], str], running: Callable[[], bool], stop: Callable[[], None], stopping: StopRequests
+) -> None:
+    """Start, print the URL, serve until a stop is requested or the server ends; stop in every case,
+    even when the request comes while starting (vLLM runs in a session of its own, so the
+    terminal's Ctrl+C never reaches it)."""
     try:
-        print(start(), flush=True)
-        wait()
+        url = start()
+        stopping.serving()
+        print(url, flush=True)
+        stopping.wait(running)
     except KeyboardInterrupt:
-        logger.info("stopping")
+        pass  # a request while starting: StopRequests logged it
     finally:
         stop()
 
 
 def _engine(args: argparse.Namespace) -> int:
-    try:
-        if args.backend == "vllm":
-            return _serve_vllm(args)
-        return _serve_local(args)
-    except (FulgorError, ValueError, OSError, ImportError) as exc:
-        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
-        return 1
+    # Installed before anything loads: SIGINT or SIGTERM at any moment is a clean stop and status 0.
+    with StopRequests(args.parent_fd) as stopping:
+        try:
+            if args.backend == "vllm":
+                return _serve_vllm(args, stopping)
+            return _serve_local(args, stopping)
+        except KeyboardInterrupt:
+            logger.info("stopped before serving")
+            return 0
+        except (FulgorError, ValueError, OSError, ImportError) as exc:
+            print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+            return 1
 
 
 def register(subparsers: Any) -> None:
@@ -154,5 +167,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--vllm-arg", action="append", default=[], help="extra argument for `vllm serve` (repeatable)"
+    )
+    parser.add_argument(
+        "--parent-fd",
+        type=int,
+        metavar="FD",
+        help="the read end of a pipe whose write end only the parent holds: the engine stops when "
+        "it reads end-of-file (the parent is gone, however it ended)",
     )
     parser.set_defaults(handler=_engine)

@@ -12,6 +12,10 @@ of the deltas the parser held back, so their lengths still agree (vLLM issue #27
 #29074). The gateway guards every version: it compares the ids with ``usage.completion_tokens``
 and flags a call whose counts differ ``token_ids_missing``, so it is never trained on. vLLM itself
 is never imported here; it only has to be on PATH.
+
+vLLM runs in a session of its own (a terminal's Ctrl+C reaches only its supervisor, which stops it
+in order), under :mod:`fulgor.engine._orphan_guard`, which stops it should the supervisor's process
+end without doing so (SIGKILL, an abort): no vLLM outlives the process that started it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -30,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine.errors import VLLMError
 from fulgor.net.sockets import bind_socket
 
@@ -119,6 +125,9 @@ class VLLMServer:
         self._monitor: threading.Thread | None = None
         self._failure: str | None = None
         self._log_path = config.log_path or Path(tempfile.mkdtemp(prefix="fulgor-vllm-")) / "vllm.log"
+        # The orphan guard's pipe (fulgor.engine._orphan_guard): only this process holds the write
+        # end, so vLLM is stopped when this process ends without stopping it. Made at the first launch.
+        self._guard_pipe: tuple[int, int] | None = None
 
     @property
     def url(self) -> str:
@@ -145,21 +154,24 @@ class VLLMServer:
 
     def _launch(self) -> None:
         command = build_command(self.config, self._model, self.port)
+        if shutil.which(command[0]) is None:
+            raise VLLMError(
+                f"cannot run {command[0]!r}: install vLLM (pip install 'fulgor[vllm]') on this machine"
+            )
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
+        if self._guard_pipe is None:
+            self._guard_pipe = os.pipe()
+        guard_read = self._guard_pipe[0]
         with self._log_path.open("ab") as log:
-            try:
-                self._process = subprocess.Popen(
-                    command,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=_environment(self.config),
-                    start_new_session=True,
-                )
-            except FileNotFoundError as exc:
-                raise VLLMError(
-                    f"cannot run {command[0]!r}: install vLLM (pip install 'fulgor[vllm]') on this machine"
-                ) from exc
+            self._process = subprocess.Popen(
+                orphan_guard.command_line(guard_read, command),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_environment(self.config),
+                pass_fds=(guard_read,),
+                start_new_session=True,
+            )
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
@@ -298,6 +310,11 @@ class VLLMServer:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    @property
+    def running(self) -> bool:
+        """Whether supervision goes on (until ``stop()`` or too many restarts)."""
+        return not self._stopped.is_set()
+
     def wait(self) -> None:
         """Block until supervision ends (``stop()`` or too many restarts)."""
         while not self._stopped.wait(timeout=0.5):
@@ -310,6 +327,10 @@ class VLLMServer:
             self._terminate()
         if self._monitor is not None:
             self._monitor.join()
+        if self._guard_pipe is not None:
+            for fd in self._guard_pipe:
+                os.close(fd)
+            self._guard_pipe = None
         self._stopped.set()
 
     def __enter__(self) -> VLLMServer:

@@ -153,6 +153,11 @@ class ServerThread:
             )
         return self.url
 
+    @property
+    def running(self) -> bool:
+        """Whether the server thread runs (started, and not stopped or ended by an error)."""
+        return self._thread.is_alive()
+
     def wait(self) -> None:
         """Block until the server stops."""
         while self._thread.is_alive():

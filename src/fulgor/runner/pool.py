@@ -9,7 +9,8 @@ a SIGTERM sent to a child directly makes it drain.
 The first SIGINT or SIGTERM to the parent makes every child stop claiming and drain (running
 rollouts get ``shutdown_grace_seconds``, then are cancelled and their attempts marked failed, so
 the store requeues or fails them); the second makes children cancel at once; children still alive
-``kill_after_seconds`` after that are killed. A child whose parent died stops by itself.
+``kill_after_seconds`` after that are killed (:meth:`RunnerPool.stop_now` does what a second
+signal does, from any thread). A child whose parent died stops at once by itself.
 """
 
 from __future__ import annotations
@@ -149,9 +150,17 @@ class RunnerPool:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def stop_now(self) -> None:
+        """What a second signal does, from any thread: every child cancels its rollouts at once, and
+        is killed if it has not exited ``kill_after_seconds`` later."""
+        self._signals = max(self._signals, 2)
+        self._order(_STOP_NOW)
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
-        order = _DRAIN if self._signals == 1 else _STOP_NOW
+        self._order(_DRAIN if self._signals == 1 else _STOP_NOW)
+
+    def _order(self, order: signal.Signals) -> None:
         for child in self._children:
             if child.is_alive() and child.pid is not None:
                 os.kill(child.pid, order)
@@ -214,9 +223,10 @@ async def _run_child(
                 task.cancel()
 
     def on_parent_gone() -> None:
+        # Nobody supervises this runner any more, or waits for its rollouts: stop now.
         loop.remove_reader(parent_alive.fileno())
-        logger.warning("the runner pool's parent process is gone; stopping")
-        runner.stop()
+        logger.warning("the runner pool's parent process is gone; stopping now")
+        stop_now()
 
     loop.add_signal_handler(signal.SIGTERM, runner.stop)
     loop.add_signal_handler(_DRAIN, runner.stop)

@@ -414,7 +414,10 @@ _OPENAPI: dict[str, Any] = {
         },
         "400": {"description": "Body is not OTLP", "content": _ERROR},
         "401": {"description": "Missing bearer token", "content": _ERROR},
-        "403": {"description": "Wrong bearer token, or an attempt's credential for spans of other attempts", "content": _ERROR},
+        "403": {
+            "description": "Wrong bearer token, or an attempt's credential for spans of other attempts",
+            "content": _ERROR,
+        },
         "408": {"description": "The body stopped coming before it was whole", "content": _ERROR},
         "409": {"description": "The attempt the spans belong to has ended", "content": _ERROR},
         "413": {"description": "Body too large", "content": _ERROR},

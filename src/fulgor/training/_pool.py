@@ -4,15 +4,16 @@ Runs a :class:`~fulgor.runner.pool.RunnerPool` in a fresh interpreter (never a f
 trainer, which would re-run the user's script), with the trainer's :class:`RunnerConfig` given as
 JSON, so every setting (claim long-poll, heartbeat, grace period) reaches the runners. ``FD`` is the
 read end of a pipe whose write end only the trainer holds: when it reads end-of-file the trainer
-is gone, however it ended, and the pool drains and exits instead of outliving it.
+is gone, however it ended, and the pool stops its runners at once (nobody is left to take their
+rollouts' outcomes, or to wait for them) and exits instead of outliving it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-import signal
 import sys
 import threading
 
@@ -35,15 +36,21 @@ def main(argv: list[str]) -> int:
     spec, store_url, settings, parent_fd = argv
     options = json.loads(settings)
     config = PoolConfig(n_runners=options["n_runners"], runner=RunnerConfig(**options["runner"]))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s pool %(levelname)s %(name)s: %(message)s")
     pool = RunnerPool(spec, store_url, config)
-    threading.Thread(target=_drain_when_parent_exits, args=(int(parent_fd),), daemon=True).start()
+    watcher = threading.Thread(target=_stop_when_parent_exits, args=(int(parent_fd), pool), daemon=True)
+    watcher.start()
     return pool.run()
 
 
-def _drain_when_parent_exits(fd: int) -> None:
+logger = logging.getLogger(__name__)
+
+
+def _stop_when_parent_exits(fd: int, pool: RunnerPool) -> None:
     while os.read(fd, 4096):
         pass
-    os.kill(os.getpid(), signal.SIGTERM)  # the pool's own handler: drain, then exit
+    logger.warning("the runner pool's parent process is gone; stopping its runners now")
+    pool.stop_now()
 
 
 if __name__ == "__main__":
