@@ -51,7 +51,8 @@ class StopRequests:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            if handler is not None:  # None: a handler not installed from Python, which cannot be restored
+                signal.signal(sig, handler)  # type: ignore[arg-type]
 
     def serving(self) -> None:
         """From now on a request sets :attr:`requested` instead of raising KeyboardInterrupt."""

@@ -127,6 +127,7 @@ class Scheduler:
         self._batch: BatchState | None = None
         self._swap: _Swap | None = None
         self._stopping = False
+        self._forward_passes = 0  # prefills and decode steps, each one forward pass over its batch
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -146,6 +147,7 @@ class Scheduler:
                 "waiting": len(self._waiting),
                 "swap_pending": int(self._swap is not None),
                 "model_version": self._version,
+                "forward_passes": self._forward_passes,
             }
 
     def start(self) -> None:
@@ -247,6 +249,7 @@ class Scheduler:
         kwargs: dict[str, Any] = {model.cache_argument: cache}
         if model.logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        self._forward_passes += 1  # only this thread writes it; stats() reads a whole int
         with self._torch.inference_mode():
             output = model.model(
                 input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs

@@ -22,6 +22,8 @@ from fulgor.runner.worker import RunnerConfig
 
 __all__ = ["command_line", "main"]
 
+logger = logging.getLogger(__name__)
+
 
 def command_line(spec: str, store_url: str, config: PoolConfig, parent_fd: int) -> list[str]:
     """The command that runs ``config.n_runners`` runners of ``spec`` against ``store_url``."""
@@ -41,9 +43,6 @@ def main(argv: list[str]) -> int:
     watcher = threading.Thread(target=_stop_when_parent_exits, args=(int(parent_fd), pool), daemon=True)
     watcher.start()
     return pool.run()
-
-
-logger = logging.getLogger(__name__)
 
 
 def _stop_when_parent_exits(fd: int, pool: RunnerPool) -> None:
