@@ -43,16 +43,18 @@ from fulgor.types import (
 from fulgor.version import __version__
 
 if TYPE_CHECKING:
+    from fulgor.algorithms import Algorithm
     from fulgor.algorithms.grpo import GRPO
     from fulgor.training import Trainer
 
 # Loaded on first use, so that `import fulgor` stays small.
-_LAZY = {"GRPO": "fulgor.algorithms.grpo", "Trainer": "fulgor.training"}
+_LAZY = {"Algorithm": "fulgor.algorithms", "GRPO": "fulgor.algorithms.grpo", "Trainer": "fulgor.training"}
 
 __all__ = [
     "GRPO",
     "LLM",
     "Agent",
+    "Algorithm",
     "Attempt",
     "AttemptedRollout",
     "ConfigError",

@@ -123,7 +123,10 @@ def load_policy(path: Path, device: str, lora: LoraConfig | None = None) -> Poli
     resolved = resolve_device(device)
     if checkpoint_kind(path) == "lora":
         if lora is None:
-            raise ConfigError(f"{path} is a LoRA adapter: train it with GRPO(lora=LoraConfig(...))")
+            raise ConfigError(
+                f"{path} is a LoRA adapter: train it with an algorithm that trains an adapter, "
+                "e.g. GRPO(lora=LoraConfig(...))"
+            )
         base = load_model(adapter_base(path), device=resolved, dtype="float32")
         return Policy(load_adapter(base.model, path, lora), base.tokenizer)
     loaded = load_model(path, device=resolved, dtype="float32")

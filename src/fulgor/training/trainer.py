@@ -1,17 +1,18 @@
-"""The Trainer: wires store, gateway, engine, runners and GRPO, and runs training as named steps.
+"""The Trainer: wires store, gateway, engine, runners and an algorithm, and runs training as named steps.
 
 ``fit`` starts the services, publishes the LLM resource, then per step: ``collect_rollouts``
-(``group_size`` rollouts per task, one group per task; with ``GRPO(async_rollouts=True)``, the
-next step's rollouts run while this step trains), ``build_trajectories`` (spans to token rows
-with a drift report), ``update_policy`` (one GRPO step on the trainer's own copy of the model),
+(``group_size`` rollouts per task, one group per task; with ``async_rollouts``, the next step's
+rollouts run while this step trains), ``build_trajectories`` (spans to token rows with a drift
+report), ``update_policy`` (one update of the algorithm's on the trainer's own copy of the model),
 ``publish_weights`` (checkpoint, gateway pause and drain, engine swap, gateway resume, a new
 resources version), ``validate`` (every ``val_every`` steps, greedy), ``log_metrics`` (one JSON
 line in ``run_dir/metrics.jsonl``) and ``prune_checkpoints`` (deleting the checkpoints no longer
 kept). ``dev`` runs an agent through the same services without training, to check rewards and
 traces first.
 
-What it does not know: how an agent talks to its model (the gateway URL is all it gets) or how
-the update computes its loss (:mod:`fulgor.algorithms.grpo`).
+What it does not know: how an agent talks to its model (the gateway URL is all it gets), or which
+algorithm it runs: it asks an :class:`~fulgor.algorithms.base.Algorithm` (GRPO is one) which tasks
+to run, which trajectories to learn from, how to update the weights and when to stop.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 from fulgor.agent.base import Runnable
-from fulgor.algorithms.grpo.algorithm import GRPO
+from fulgor.algorithms.base import Algorithm, Publishes, Updater, missing_members
 from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
@@ -58,7 +59,6 @@ from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
 
 if TYPE_CHECKING:
-    from fulgor.algorithms.grpo.update import PolicyUpdater
     from fulgor.engine.local import EngineConfig
     from fulgor.training.tracking import Tracker
 
@@ -67,17 +67,6 @@ __all__ = ["Trainer"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_UPDATE_METRICS = {
-    "policy_loss": "loss",
-    "entropy": "entropy",
-    "clip_fraction": "clip_fraction",
-    "importance_weight_mean": "importance_weight_mean",
-    "kl": "kl",
-    "grad_norm": "grad_norm",
-    "trained_tokens": "trained_tokens",
-    "rollouts_stale": "rollouts_stale",
-}
 
 
 @dataclass(frozen=True)
@@ -111,7 +100,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        algorithm: GRPO,
+        algorithm: Algorithm,
         engine: EngineConfig,
         run_dir: str | Path = "runs/default",
         store: Store | None = None,
@@ -132,6 +121,7 @@ class Trainer:
             raise ConfigError(
                 f"keep_checkpoints must be 0 (keep every checkpoint) or more, got {keep_checkpoints}"
             )
+        _check_algorithm(algorithm)
         self.algorithm = algorithm
         self.engine = engine
         self.run_dir = Path(run_dir)
@@ -194,7 +184,8 @@ class Trainer:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
         if self.algorithm.out_of_time(log.elapsed_seconds()):
-            logger.info("%s already used its %ss; nothing to train", self.run_dir, self.algorithm.max_seconds)
+            seconds = log.elapsed_seconds()
+            logger.info("%s already used its time budget (%.0fs); nothing to train", self.run_dir, seconds)
             return log.history
         with (
             start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track,
@@ -204,7 +195,9 @@ class Trainer:
                 self.start_services(agent, model_dir, start_step) as services,
                 Collector(functools.partial(self.collect_rollouts, services, train)) as collector,
             ):
-                policy, updater = await asyncio.to_thread(self._trainable, model_dir, start_step)
+                trainable = None
+                if self.algorithm.publishes == "weights":
+                    trainable = await asyncio.to_thread(self._trainable, model_dir, start_step)
                 resources = await self.put_resources(services)
                 if val and start_step == 0 and self.algorithm.val_before_training:
                     before = await self.validate(services, val, resources)
@@ -220,10 +213,14 @@ class Trainer:
                     )
                     if self.algorithm.async_rollouts and not last:
                         collector.start(step + 1, resources)  # runs while this step trains
-                    with timer("update_policy"):
-                        update = await self.update_policy(updater, outcomes, services.engine.model_version)
-                    with timer("publish_weights"):
-                        resources = await self.publish_weights(services, policy, updater, step)
+                    update: dict[str, float] = {}
+                    if trainable is not None:
+                        policy, updater = trainable
+                        with timer("update_policy"):
+                            version = services.engine.model_version
+                            update = await self.update_policy(updater, outcomes, version)
+                        with timer("publish_weights"):
+                            resources = await self.publish_weights(services, policy, updater, step)
                     out_of_time = self.algorithm.out_of_time(log.elapsed_seconds())
                     validation: dict[str, float] = {}
                     if val and (self.algorithm.validates_at(step) or out_of_time):
@@ -234,9 +231,7 @@ class Trainer:
                     track(log.history[-1])
                     progress.update(log.history[-1])
                     if out_of_time:
-                        logger.info(
-                            "step %d: the run's %ss are used up; stopping", step, self.algorithm.max_seconds
-                        )
+                        logger.info("step %d: the run's time budget is used up; stopping", step)
                         break
         return log.history
 
@@ -333,25 +328,26 @@ class Trainer:
         ]
 
     async def update_policy(
-        self, updater: PolicyUpdater, outcomes: list[RolloutOutcome], policy_version: int
+        self, updater: Updater, outcomes: list[RolloutOutcome], policy_version: int
     ) -> dict[str, float]:
-        """One GRPO step on the trajectories (in a thread: the server keeps serving meanwhile).
+        """One update of the algorithm's on the trajectories it selects (in a thread: the server
+        keeps serving meanwhile); its metrics under the algorithm's ``metric_names``, and the
+        counts its selection returned.
 
-        ``policy_version`` is the version of the weights being updated; with async rollouts,
-        trajectories too many versions behind it are dropped and counted as ``rollouts_stale``.
+        ``policy_version`` is the version of the weights being updated (GRPO with async rollouts
+        drops trajectories too many versions behind it, counted as ``rollouts_stale``).
         """
         trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
-        trajectories, stale = self.algorithm.split_stale(trajectories, policy_version)
-        counts = {"rollouts_stale": float(len(stale))} if self.algorithm.async_rollouts else {}
-        if stale:
-            logger.info("%d rollouts ran on weights too old for version %d", len(stale), policy_version)
+        trajectories, counts = self.algorithm.select(trajectories, policy_version)
         if not trajectories:
-            logger.warning("no rollout of this step produced a trajectory; the policy is not updated")
+            logger.warning("no rollout of this step left a trajectory to learn from; no update")
             return counts
-        return {**await asyncio.to_thread(updater.step, trajectories), **counts}
+        metrics = await asyncio.to_thread(updater.step, trajectories)
+        names = self.algorithm.metric_names
+        return {**{name: metrics[key] for key, name in names.items() if key in metrics}, **counts}
 
     async def publish_weights(
-        self, services: Services, policy: Policy, updater: PolicyUpdater, step: int
+        self, services: Services, policy: Policy, updater: Updater, step: int
     ) -> ResourceIds:
         """Save ``checkpoints/step-N`` (weights and the updater's state), swap it into the engine
         between calls, publish new resources."""
@@ -427,7 +423,7 @@ class Trainer:
         }
         metrics.update(validation)
         metrics["elapsed_seconds"] = round(log.elapsed_seconds(), 3)
-        metrics.update({name: update[key] for key, name in _UPDATE_METRICS.items() if key in update})
+        metrics.update(update)
         metrics.update({k: int(v) for k, v in drift_total(outcomes).as_metrics().items()})
         metrics.update({f"seconds/{phase}": round(s, 4) for phase, s in timer.seconds.items()})
         log.write(metrics)
@@ -461,20 +457,23 @@ class Trainer:
             )
         adapter = checkpoint_kind(latest[1]) == "lora"
         if adapter != (self.algorithm.lora is not None):
+            kind = type(self.algorithm).__name__
+            fix = f"{kind}(lora=LoraConfig(...))" if adapter else f"{kind}(lora=None)"
             raise ConfigError(
-                f"{latest[1]} holds {'a LoRA adapter' if adapter else 'full weights'}, but this GRPO "
+                f"{latest[1]} holds {'a LoRA adapter' if adapter else 'full weights'}, but this {kind} "
                 f"{'trains all weights' if adapter else 'trains a LoRA adapter'}; continue that run with "
-                f"{'GRPO(lora=LoraConfig(...))' if adapter else 'GRPO(lora=None)'} or pick a new run_dir"
+                f"{fix} or pick a new run_dir"
             )
         logger.info("resuming from %s (step %d)", latest[1], latest[0])
         return latest
 
-    def _trainable(self, model_dir: Path, step: int) -> tuple[Policy, PolicyUpdater]:
-        """The trainer's copy of the weights and its updater (with a frozen reference for KL); from a
-        checkpoint (``step`` > 0), the updater continues with the optimiser state saved with it."""
+    def _trainable(self, model_dir: Path, step: int) -> tuple[Policy, Updater]:
+        """The trainer's copy of the weights and the algorithm's updater (with a frozen copy of the
+        starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
+        continues with the state saved with it."""
         policy = load_policy(model_dir, self.engine.device, self.algorithm.lora)
         reference = None
-        if self.algorithm.config.kl_coef > 0:
+        if self.algorithm.needs_reference_model:
             reference = load_policy(self.engine.model, self.engine.device).model.eval()
             reference.requires_grad_(False)
         updater = self.algorithm.updater(policy.model, reference)
@@ -496,6 +495,21 @@ class Trainer:
             resources_id=resources_id,
             config=self.rollout_config,
             metadata={"step": step} if step else {},
+        )
+
+
+def _check_algorithm(algorithm: Any) -> None:
+    """An algorithm the Trainer can drive, or a ConfigError naming what it lacks."""
+    names = missing_members(algorithm)
+    if names:
+        raise ConfigError(
+            f"{algorithm!r} is not an algorithm the Trainer can drive: it lacks {', '.join(names)} "
+            "(see fulgor.algorithms.Algorithm; fulgor.algorithms.GRPO is one)"
+        )
+    if algorithm.publishes not in get_args(Publishes):
+        raise ConfigError(
+            f"{type(algorithm).__name__}.publishes is {algorithm.publishes!r}; it must be one of "
+            f"{', '.join(get_args(Publishes))}"
         )
 
 

@@ -1,8 +1,9 @@
 """GRPO as the trainer runs it: how many rollouts per task, which tasks each step, how to sample.
 
 ``GRPO`` holds the run's hyperparameters (keyword-only, validated early) and answers the questions
-the trainer asks of an algorithm: the tasks of step N, the sampling parameters for training and for
-validation, and the policy updater for a model. The update itself (advantages, clipped loss,
+the trainer asks of an algorithm (:class:`~fulgor.algorithms.base.Algorithm`): the tasks of step N,
+the sampling parameters for training and for validation, which trajectories to learn from, and the
+policy updater for a model. The update itself (advantages, clipped loss,
 optimiser step) lives in :mod:`fulgor.algorithms.grpo.update`.
 
 What it does not know: stores, gateways, engines or runners (the trainer wires those).
@@ -11,11 +12,13 @@ What it does not know: stores, gateways, engines or runners (the trainer wires t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
+from fulgor.algorithms.base import Publishes
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.errors import ConfigError
 from fulgor.types import JsonDict, RolloutMode
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
 
 __all__ = ["GRPO"]
+
+logger = logging.getLogger(__name__)
 
 
 class GRPO:
@@ -38,13 +43,26 @@ class GRPO:
     ``max_seconds`` bounds the run's wall time as well: training stops after the step that ends
     past it (the run's ``elapsed_seconds``, earlier sessions of a resumed run included), and that
     step validates. Tasks are drawn from a shuffled pass over the training set (reshuffled each
-    pass, by ``seed``).
+    pass, by ``seed``). It publishes new weights after every step.
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
     (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
     and each step publishes just the adapter. With ``async_rollouts`` step N+1's rollouts run while
     step N's update trains, on the weights published before it; trajectories more than
     ``max_staleness`` weight versions behind the policy they would update are dropped (and counted).
     """
+
+    name: str = "grpo"
+    publishes: Publishes = "weights"
+    # The updater's metrics, under the names metrics.jsonl gives them.
+    metric_names: Mapping[str, str] = {
+        "policy_loss": "loss",
+        "entropy": "entropy",
+        "clip_fraction": "clip_fraction",
+        "importance_weight_mean": "importance_weight_mean",
+        "kl": "kl",
+        "grad_norm": "grad_norm",
+        "trained_tokens": "trained_tokens",
+    }
 
     def __init__(
         self,
@@ -181,6 +199,21 @@ class GRPO:
             else:
                 stale.append(trajectory)
         return fresh, stale
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """A KL penalty compares the policy with the starting weights."""
+        return self.config.kl_coef > 0
+
+    def select(
+        self, trajectories: list[Trajectory], policy_version: int
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """Every trajectory but the stale ones (:meth:`split_stale`), counted as ``rollouts_stale``
+        when rollouts run asynchronously."""
+        fresh, stale = self.split_stale(trajectories, policy_version)
+        if stale:
+            logger.info("%d rollouts ran on weights too old for version %d", len(stale), policy_version)
+        return fresh, ({"rollouts_stale": float(len(stale))} if self.async_rollouts else {})
 
     def out_of_time(self, elapsed_seconds: float) -> bool:
         """Whether the run has used up ``max_seconds`` of wall time (never without a limit)."""
