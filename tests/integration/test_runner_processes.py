@@ -146,11 +146,14 @@ def test_second_sigint_stops_at_once_without_orphans(tmp_path: Path) -> None:
     assert statuses(store_path, [slow_a, slow_b]) == ["requeuing", "requeuing"]
 
 
-def test_a_killed_parent_takes_its_children_down(tmp_path: Path) -> None:
+# With a grace period of 600 s too: a runner whose pool died stops now, nobody waits for its rollouts.
+@pytest.mark.parametrize("grace_seconds", [0.5, 600.0])
+def test_a_killed_parent_takes_its_children_down(tmp_path: Path, grace_seconds: float) -> None:
     store_path = tmp_path / "store.sqlite"
-    enqueue(store_path, [60])
-    runner = start_runner(store_path, grace_seconds=0.5)
-    assert wait_until(lambda: len(descendants(runner.pid)) >= 2, 30)
+    rollout_ids = enqueue(store_path, [60])
+    runner = start_runner(store_path, grace_seconds=grace_seconds)
+    # Its agent runs the rollout: a runner that drained would wait it out.
+    assert wait_until(lambda: agent_pids(store_path, rollout_ids), 30)
     children = descendants(runner.pid)
     runner.kill()
     runner.wait(timeout=5)
