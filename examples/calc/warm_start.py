@@ -90,10 +90,18 @@ def corpus(tasks: Sequence[Task]) -> list[str]:
 def warm_start(
     base: str | Path, out: str | Path, tasks: Sequence[Task], config: WarmStartConfig | None = None
 ) -> Path:
-    """Fine-tune the model in ``base`` on synthetic solutions of ``tasks``; save it to ``out``."""
+    """Fine-tune the model in ``base`` on synthetic solutions of ``tasks``; save it to ``out``.
+
+    The solutions go the way of SFT's distillation (:mod:`fulgor.algorithms.sft.distill`): each is
+    a chat transcript, rendered with the model's own chat template and checked to render faithfully
+    (its tool call and answer parse back as the engine parses the model's output), then learned by
+    the same update.
+    """
     import torch
 
-    from fulgor.algorithms.sft import SFTConfig, SFTUpdater, chat_row
+    from fulgor.adapters.transcripts import Transcript
+    from fulgor.algorithms.sft import SFTConfig, SFTUpdater
+    from fulgor.algorithms.sft.distill import teacher_data
     from fulgor.engine.loading import eos_token_ids
     from fulgor.training.checkpoints import load_policy
 
@@ -103,6 +111,16 @@ def warm_start(
     policy = load_policy(Path(base), "cpu")
     updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
     stops = eos_token_ids(policy.model, policy.tokenizer)  # where the engine ends a turn
+    # Every task's two solutions, rendered once: [task][use_tool].
+    transcripts = [
+        Transcript.of(solution(task, use_tool), [CALCULATOR_TOOL], name=f"task-{index}-tool-{use_tool}")
+        for index, task in enumerate(tasks)
+        for use_tool in (False, True)
+    ]
+    rendered = teacher_data(transcripts, policy.tokenizer, stop_token_ids=stops)
+    if rendered.unusable:
+        raise ValueError(f"the warm start's solutions do not render faithfully: {rendered.summary()}")
+    solutions = [rendered.trajectories[i : i + 2] for i in range(0, len(rendered.trajectories), 2)]
     # A short linear warm-up (a fresh model's first gradients are wild), the full rate while every
     # solution uses the tool, then a decay to a quarter: the second phase sets how often the model
     # reaches for the tool without unlearning how.
@@ -116,18 +134,9 @@ def warm_start(
     schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
     started = time.perf_counter()
     for step in range(1, config.steps + 1):
-        batch = rng.sample(list(tasks), config.batch_size)
+        batch = rng.sample(range(len(tasks)), config.batch_size)
         fraction = 1.0 if step <= config.tool_steps else config.tool_fraction
-        rows = [
-            chat_row(
-                policy.tokenizer,
-                solution(task, rng.random() < fraction),
-                [CALCULATOR_TOOL],
-                stop_token_ids=stops,
-            )
-            for task in batch
-        ]
-        metrics = updater.step(rows)
+        metrics = updater.step([solutions[index][rng.random() < fraction] for index in batch])
         schedule.step()
         if step % 25 == 0 or step == config.steps:
             logger.info("warm start step %d/%d: loss %.4f", step, config.steps, metrics["loss"])

@@ -45,14 +45,21 @@ from fulgor.version import __version__
 if TYPE_CHECKING:
     from fulgor.algorithms import Algorithm
     from fulgor.algorithms.grpo import GRPO
+    from fulgor.algorithms.sft import SFT
     from fulgor.training import Trainer
 
 # Loaded on first use, so that `import fulgor` stays small.
-_LAZY = {"Algorithm": "fulgor.algorithms", "GRPO": "fulgor.algorithms.grpo", "Trainer": "fulgor.training"}
+_LAZY = {
+    "Algorithm": "fulgor.algorithms",
+    "GRPO": "fulgor.algorithms.grpo",
+    "SFT": "fulgor.algorithms.sft",
+    "Trainer": "fulgor.training",
+}
 
 __all__ = [
     "GRPO",
     "LLM",
+    "SFT",
     "Agent",
     "Algorithm",
     "Attempt",

@@ -90,6 +90,9 @@ class BestOfGroup:
     def hyperparameters(self) -> dict[str, Any]:
         return {"algorithm": self.name, "max_steps": self.max_steps}
 
+    async def prepare(self, policy: Any | None) -> None:
+        self.prepared_with = policy
+
     def sampling_parameters(self, mode: str) -> dict[str, Any]:
         return {"temperature": 0.0 if mode == "val" else 1.0, "max_tokens": 8}
 
@@ -137,7 +140,9 @@ def trainer(algorithm: Any, run_dir: Path, model_dir: Path) -> Trainer:
 def test_an_algorithm_written_against_the_protocol_alone_trains(tmp_path: Path, model_dir: Path) -> None:
     assert isinstance(BestOfGroup(), Algorithm)
     run_dir = tmp_path / "run"
-    history = trainer(BestOfGroup(), run_dir, model_dir).fit(graded_call, TASKS, TASKS)
+    algorithm = BestOfGroup()
+    history = trainer(algorithm, run_dir, model_dir).fit(graded_call, TASKS, TASKS)
+    assert algorithm.prepared_with.tokenizer is not None  # the trainer's copy of the model
 
     assert [line["step"] for line in history] == [1, 2]
     assert [line["model_version"] for line in history] == [1, 2]
@@ -170,7 +175,9 @@ def test_an_algorithm_that_publishes_nothing_runs_and_measures_rollouts(
     tmp_path: Path, model_dir: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    history = trainer(RolloutsOnly(), run_dir, model_dir).fit(graded_call, TASKS, TASKS)
+    algorithm = RolloutsOnly()
+    history = trainer(algorithm, run_dir, model_dir).fit(graded_call, TASKS, TASKS)
+    assert algorithm.prepared_with is None  # no copy of the model to train
     assert [line["step"] for line in history] == [1, 2]
     assert [line["model_version"] for line in history] == [0, 0]
     assert all("loss" not in line and line["rollouts"] == 4 for line in history)

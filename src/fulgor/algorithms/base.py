@@ -2,14 +2,19 @@
 
 The :class:`~fulgor.training.Trainer` owns the services (store, gateway, engine, runners), the
 trainer's copy of the weights, checkpoints, validation, metrics, trackers, the report and resume;
-an algorithm owns the decisions. Each step of ``Trainer.fit``:
+an algorithm owns the decisions. Before the first step of ``Trainer.fit``, ``prepare(policy)`` gets
+the trainer's copy of the model (``policy.model``, ``policy.tokenizer``; None when the algorithm
+publishes nothing): an algorithm that trains on data of its own (SFT on another model's
+transcripts) reads and renders it there. Then each step:
 
 1. **Which tasks, how many rollouts of each, with which resources**: ``step_tasks(train, step)``
    are the step's tasks, each run ``group_size`` times as one group, with the model resource
    sampling as ``sampling_parameters("train")`` says (validation uses ``sampling_parameters("val")``).
+   No tasks: the step runs no rollouts.
 2. **What to do with finished rollouts**: their model calls become token rows (the calls of
    ``agent_match`` only, rows cut at ``max_trajectory_tokens``); ``select(trajectories,
-   policy_version)`` keeps those to learn from and returns counts to log with them.
+   policy_version)`` returns those to learn from (the step's own, or any others) and counts to log
+   with them; when it returns none, the step takes no update and logs ``update_skipped``.
 3. **What to publish**: with ``publishes == "weights"``, the trainer loads a trainable copy of the
    model (a LoRA adapter over it with ``lora``), asks ``updater(model, reference_model)`` for an
    :class:`Updater` (a frozen copy of the starting weights as ``reference_model`` when
@@ -81,6 +86,8 @@ class Algorithm(Protocol):
     def needs_reference_model(self) -> bool: ...
 
     def hyperparameters(self) -> JsonDict: ...
+
+    async def prepare(self, policy: Any | None) -> None: ...
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict: ...
 

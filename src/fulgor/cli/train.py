@@ -1,9 +1,13 @@
-"""``fulgor train``: train an existing agent with GRPO on a local model, from the command line.
+"""``fulgor train``: train an existing agent's local model with GRPO or SFT, from the command line.
 
 ``fulgor train --agent module:object --train tasks.jsonl --model DIR`` runs :class:`fulgor.Trainer`
-with :class:`fulgor.GRPO`; ``--dev`` runs the agent once on each task without training (the quickest
+with :class:`fulgor.GRPO` (``--algorithm grpo``, the default) or :class:`fulgor.SFT` (``--algorithm
+sft``: the agent's own best rollouts by ``--min-reward`` / ``--top-k``, or a teacher run's with
+``--from-run DIR``); ``--dev`` runs the agent once on each task without training (the quickest
 check of an agent, its rewards and its token ids) and ``--evaluate`` measures the ``--val`` tasks
-with the newest weights of the run in ``--run-dir``. Without ``--run-dir``, training and ``--dev``
+with the newest weights of the run in ``--run-dir``. ``--upstream URL`` sends the agent's calls to an
+OpenAI-compatible server instead of a local model, for ``--dev`` and ``--evaluate`` (recording a
+teacher's rollouts, say): nothing trains there. Without ``--run-dir``, training and ``--dev``
 start a new ``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it.
 Task files are JSON Lines, one task (any JSON value) per line.
 
@@ -33,20 +37,23 @@ from fulgor.errors import ConfigError, FulgorError
 
 if TYPE_CHECKING:
     from fulgor.agent.base import Runnable
+    from fulgor.algorithms.base import Algorithm
     from fulgor.training import Trainer
 
 __all__ = ["check_model_dir", "read_tasks", "register"]
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+ALGORITHMS = ("grpo", "sft")
+_LEARNING_RATES = {"grpo": 3e-5, "sft": 1e-3}
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train an agent's model with GRPO on its own rollouts (or --dev / --evaluate it)",
-        description="Train the model behind an existing agent with GRPO: the agent runs unchanged, its "
-        "model calls go through fulgor's gateway to a local engine, and each step's rollouts update "
-        "the weights. Task files are JSON Lines: one task (any JSON value) per line.",
+        help="train an agent's model with GRPO or SFT (or --dev / --evaluate it)",
+        description="Train the model behind an existing agent with GRPO or SFT: the agent runs "
+        "unchanged, its model calls go through fulgor's gateway to a local engine, and each step "
+        "updates the weights. Task files are JSON Lines: one task (any JSON value) per line.",
     )
     parser.add_argument(
         "--agent", required=True, help="the agent as module:object (a @rollout function or an Agent)"
@@ -56,9 +63,30 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--model",
         type=Path,
-        required=True,
         metavar="DIR",
         help="local Hugging Face model directory to start from (fulgor downloads nothing)",
+    )
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        help="instead of --model: an OpenAI-compatible server (http://host:port/v1: vLLM, a hosted "
+        "API) for --dev and --evaluate; its weights are its own, so nothing trains there",
+    )
+    parser.add_argument(
+        "--upstream-model",
+        metavar="NAME",
+        help="the model the upstream serves the agent's calls with (default: the one its /models lists)",
+    )
+    parser.add_argument(
+        "--upstream-key-env",
+        metavar="VAR",
+        help="the environment variable that holds the upstream's API key (sent to it as a bearer token)",
+    )
+    parser.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="do not ask the upstream for token ids (return_token_ids): for APIs that refuse unknown "
+        "fields; its calls are recorded without ids",
     )
     parser.add_argument(
         "--run-dir",
@@ -83,7 +111,13 @@ def register(subparsers: Any) -> None:
         help="measure the --val tasks (greedy) with the newest weights of the run in --run-dir "
         "instead of training",
     )
-    grpo = parser.add_argument_group("GRPO")
+    grpo = parser.add_argument_group("training (GRPO and SFT)")
+    grpo.add_argument(
+        "--algorithm",
+        default="grpo",
+        metavar="NAME",
+        help=f"the training algorithm: {' or '.join(ALGORITHMS)} (default grpo)",
+    )
     grpo.add_argument(
         "--steps", type=positive_int, default=100, metavar="N", help="training steps (default 100)"
     )
@@ -98,12 +132,14 @@ def register(subparsers: Any) -> None:
         type=positive_int,
         default=8,
         metavar="N",
-        help="rollouts per task, compared (default 8)",
+        help="rollouts per task (default 8): GRPO compares them, SFT selects among them",
     )
     grpo.add_argument(
         "--batch-tasks", type=positive_int, default=8, metavar="N", help="tasks per step (default 8)"
     )
-    grpo.add_argument("--learning-rate", type=positive_float, default=3e-5, metavar="LR", help="default 3e-5")
+    grpo.add_argument(
+        "--learning-rate", type=positive_float, metavar="LR", help="default 3e-5 (GRPO), 1e-3 (SFT)"
+    )
     grpo.add_argument(
         "--temperature",
         type=non_negative_float,
@@ -123,6 +159,30 @@ def register(subparsers: Any) -> None:
     )
     grpo.add_argument(
         "--seed", type=int, default=0, metavar="N", help="task order and sampling seed (default 0)"
+    )
+    sft = parser.add_argument_group("SFT (--algorithm sft)")
+    sft.add_argument(
+        "--min-reward",
+        type=float,
+        metavar="R",
+        help="learn the rollouts whose reward is at least R",
+    )
+    sft.add_argument(
+        "--top-k", type=positive_int, metavar="K", help="learn the best K rollouts of each task's group"
+    )
+    sft.add_argument(
+        "--from-run",
+        type=Path,
+        metavar="DIR",
+        help="distil: learn the recorded rollouts of this teacher run (its store.sqlite) instead of "
+        "the agent's own; steps run no rollouts",
+    )
+    sft.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="teacher transcripts per step with --from-run (default 32)",
     )
     system = parser.add_argument_group("system")
     system.add_argument(
@@ -235,12 +295,29 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     if not args.evaluate and args.train is None:
         what = "--dev runs the agent on" if args.dev else "training needs"
         raise ConfigError(f"{what} the tasks of --train FILE; pass --train (JSON Lines, one task per line)")
-    if args.evaluate and args.run_dir is None:
+    if (args.model is None) == (args.upstream is None):
+        raise ConfigError(
+            "pass --model DIR (a local model to train) or --upstream URL (a server to --dev or "
+            "--evaluate against), one of them"
+        )
+    if args.upstream is not None and not (args.dev or args.evaluate):
+        raise ConfigError(
+            f"--algorithm {args.algorithm} changes the model's weights, and --upstream {args.upstream} is "
+            "a server fulgor does not own, whose weights it cannot change; train a local model with "
+            "--model DIR, or record the upstream's rollouts with --dev (a teacher run for --from-run)"
+        )
+    if args.upstream is None and (args.upstream_model or args.upstream_key_env or args.no_token_ids):
+        raise ConfigError("--upstream-model, --upstream-key-env and --no-token-ids go with --upstream URL")
+    if args.upstream_key_env is not None and not os.environ.get(args.upstream_key_env):
+        raise ConfigError(
+            f"--upstream-key-env {args.upstream_key_env}: that environment variable is not set; export "
+            "the upstream's API key in it"
+        )
+    if args.evaluate and args.run_dir is None and args.upstream is None:
         raise ConfigError(
             "--evaluate measures the weights of a run (its newest checkpoint); pass its --run-dir"
         )
-    if args.group_size < 2:
-        raise ConfigError("--group-size must be 2 or more: GRPO compares the rollouts of each task")
+    _check_algorithm_options(args)
     if args.keep_checkpoints < 0:
         raise ConfigError(
             f"--keep-checkpoints {args.keep_checkpoints} is negative; pass 0 to keep every checkpoint, "
@@ -252,12 +329,50 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     val = read_tasks(args.val, "--val") if args.val is not None else []
     if args.limit is not None:
         train, val = train[: args.limit], val[: args.limit]
-    check_model_dir(args.model)
+    if args.model is not None:
+        check_model_dir(args.model)
     run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     _check_run_dir(run_dir)
     if not (args.dev or args.evaluate):
         _check_continuation(run_dir, args.no_resume)
     return _Job(train=train, val=val, run_dir=run_dir)
+
+
+def _check_algorithm_options(args: argparse.Namespace) -> None:
+    """An algorithm that exists, with the options it takes."""
+    if args.algorithm not in ALGORITHMS:
+        raise ConfigError(f"--algorithm {args.algorithm} does not exist; pass one of {', '.join(ALGORITHMS)}")
+    sft_only = [
+        name
+        for name, value in (
+            ("--min-reward", args.min_reward),
+            ("--top-k", args.top_k),
+            ("--from-run", args.from_run),
+        )
+        if value is not None
+    ]
+    if args.algorithm == "grpo":
+        if sft_only and not (args.dev or args.evaluate):
+            raise ConfigError(
+                f"{', '.join(sft_only)} go with --algorithm sft; GRPO learns from every rollout"
+            )
+        if args.group_size < 2:
+            raise ConfigError("--group-size must be 2 or more: GRPO compares the rollouts of each task")
+        return
+    if not sft_only and not (args.dev or args.evaluate):
+        raise ConfigError(
+            "--algorithm sft needs to know what to imitate: --min-reward R (rollouts with reward >= R), "
+            "--top-k K (the best K of each group), both, or --from-run DIR (a teacher run's rollouts)"
+        )
+    if args.top_k is not None and args.top_k > args.group_size:
+        raise ConfigError(
+            f"--top-k {args.top_k} is more than --group-size {args.group_size}; pass at most that"
+        )
+    if args.from_run is not None and not (args.from_run / "store.sqlite").is_file():
+        raise ConfigError(
+            f"--from-run {args.from_run} holds no store.sqlite; pass the --run-dir of a run that recorded "
+            "the teacher's rollouts (fulgor train --dev --upstream URL, say)"
+        )
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -337,25 +452,51 @@ def _require_extras() -> None:
         importlib.import_module(module)
 
 
-def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
-    from fulgor import GRPO, Trainer
+def _algorithm(args: argparse.Namespace) -> Algorithm:
+    from fulgor import GRPO, SFT
     from fulgor.algorithms.grpo import GRPOConfig
-    from fulgor.engine.local import EngineConfig
+    from fulgor.algorithms.sft import SFTConfig
 
-    algorithm = GRPO(
-        group_size=args.group_size,
-        batch_tasks=args.batch_tasks,
-        max_steps=args.steps,
-        max_seconds=args.max_seconds,
-        val_every=args.val_every,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
-        config=GRPOConfig(learning_rate=args.learning_rate),
+    common = {
+        "group_size": args.group_size,
+        "batch_tasks": args.batch_tasks,
+        "max_steps": args.steps,
+        "max_seconds": args.max_seconds,
+        "val_every": args.val_every,
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
+    learning_rate = args.learning_rate or _LEARNING_RATES[args.algorithm]
+    if args.algorithm == "grpo":
+        return GRPO(**common, config=GRPOConfig(learning_rate=learning_rate))
+    # Without training the rule plays no part, and may be left out.
+    ruleless = args.min_reward is None and args.top_k is None and args.from_run is None
+    return SFT(
+        **common,
+        min_reward=args.min_reward,
+        top_k=1 if ruleless else args.top_k,
+        from_run=args.from_run,
+        batch_size=args.batch_size,
+        config=SFTConfig(learning_rate=learning_rate),
     )
+
+
+def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
+    from fulgor import Trainer
+    from fulgor.engine.local import EngineConfig
+    from fulgor.gateway import Upstream
+
+    target: dict[str, Any]
+    if args.upstream is not None:
+        api_key = os.environ[args.upstream_key_env] if args.upstream_key_env else None
+        upstream = Upstream(args.upstream, api_key=api_key, request_token_ids=not args.no_token_ids)
+        target = {"upstream": upstream, "model": args.upstream_model}
+    else:
+        target = {"engine": EngineConfig(model=args.model, device=args.device, seed=args.seed)}
     return Trainer(
-        algorithm=algorithm,
-        engine=EngineConfig(model=args.model, device=args.device, seed=args.seed),
+        algorithm=_algorithm(args),
+        **target,
         run_dir=run_dir,
         n_runners=args.n_runners,
         max_concurrency=args.max_concurrency,
@@ -401,12 +542,13 @@ def _dev(trainer: Trainer, agent: Runnable, job: _Job) -> int:
     return 0
 
 
-def _evaluate(trainer: Trainer, agent: Runnable, job: _Job, model: Path) -> int:
-    """Measure ``job.val``; the JSON line names the checkpoint step measured (0: ``model`` itself)."""
+def _evaluate(trainer: Trainer, agent: Runnable, job: _Job, model: Path | None) -> int:
+    """Measure ``job.val``; the JSON line names the checkpoint step measured (0: ``model`` itself,
+    or the upstream's model)."""
     from fulgor.training.checkpoints import latest_checkpoint
 
     latest = latest_checkpoint(job.run_dir / "checkpoints")
-    if latest is None:
+    if latest is None and model is not None:
         print(
             f"note: {job.run_dir} has no checkpoint yet, so this measures the weights of --model {model}",
             file=sys.stderr,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import zlib
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from fulgor.gateway.config import Upstream
 from fulgor.gateway.errors import UpstreamError, UpstreamTimeoutError
 from fulgor.net.http_client import HttpClient, HttpResponse, TransportError
 
-__all__ = ["UpstreamPool", "check_upstreams", "with_token_id_request"]
+__all__ = ["UpstreamPool", "check_upstreams", "served_model", "with_token_id_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,3 +168,33 @@ async def _models_status(client: HttpClient, upstream: Upstream) -> int | None:
         )
         return None
     return response.status
+
+
+async def served_model(upstream: Upstream, timeout_seconds: float = 10.0) -> str:
+    """The one model ``GET {url}/models`` lists (a vLLM server serves one); a ConfigError that says
+    to name the model when it lists several or none, or cannot be asked."""
+    client = HttpClient(connect_timeout_seconds=timeout_seconds, read_timeout_seconds=timeout_seconds)
+    address = (upstream.scheme, upstream.host, upstream.port)
+    unasked = f"cannot ask the upstream {upstream.url} which model it serves"
+    try:
+        response = await client.request("GET", address, upstream.base_path + "/models", _headers(upstream))
+        body = await response.read()
+    except OSError as error:
+        raise ConfigError(f"{unasked} ({error}); start it first, or name the model with model=...") from None
+    finally:
+        await client.close()
+    try:
+        listed = json.loads(body)["data"]
+        names: list[str] = [entry["id"] for entry in listed if isinstance(entry.get("id"), str)]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ConfigError(
+            f"{unasked}: GET /models answered {response.status} without an OpenAI model list; name "
+            "the model with model=... (--upstream-model)"
+        ) from None
+    if len(names) != 1:
+        listing = ", ".join(names[:10]) or "none"
+        raise ConfigError(
+            f"the upstream {upstream.url} serves {len(names)} models ({listing}); name the one the "
+            "agent's calls go to with model=... (--upstream-model)"
+        )
+    return names[0]

@@ -67,6 +67,8 @@ async def run_rollouts(
     Cancelled or failing (the time budget ran out, Ctrl+C, the runners died), it cancels those not
     ended yet before it raises: left queued, they would be claimed by the next runners to come.
     """
+    if not requests:
+        return []
     enqueued = await store.enqueue(requests)
     ended: dict[str, Rollout] = {}
     pending = [rollout.rollout_id for rollout in enqueued]

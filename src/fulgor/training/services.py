@@ -1,8 +1,10 @@
 """The services a training run needs, started together and stopped together.
 
-``start_services`` loads the local engine and serves it on a thread of its own, serves the store
-API and the gateway from one app on the caller's event loop (so the trainer can pause, drain and
-flush the gateway and use the store directly), and starts the runners. A fresh operator key guards
+``start_services`` loads the local engine and serves it on a thread of its own (or, given an
+:class:`~fulgor.gateway.Upstream`, sends the agent's calls to that OpenAI-compatible server
+instead: a vLLM server, a hosted API), serves the store API and the gateway from one app on the
+caller's event loop (so the trainer can pause, drain and flush the gateway and use the store
+directly), and starts the runners. A fresh operator key guards
 the session: the runners get it, their agents only the credentials of their own attempts. Leaving
 the block stops runners, then the server (the gateway writes what it still holds), then the
 engine, then closes the store when the session owns it: no process or port is left, whatever
@@ -24,13 +26,14 @@ from typing import TYPE_CHECKING
 
 from fulgor.agent.base import Runnable
 from fulgor.credentials import new_operator_key
+from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
 from fulgor.training.runners import RunnerGroup, start_runners
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig, LocalEngine
-    from fulgor.gateway import Gateway
+    from fulgor.gateway import Gateway, Upstream
 
 __all__ = ["Services", "open_run_store", "start_services"]
 
@@ -41,14 +44,21 @@ _DRAIN_TIMEOUT_SECONDS = 60.0
 
 @dataclass
 class Services:
-    """What a running session holds: the store, the engine, the gateway, their URLs, the runners."""
+    """What a running session holds: the store, the engine (None on an upstream the session does
+    not own), the gateway, their URLs, the runners, and the name the model is served under."""
 
     store: Store
-    engine: LocalEngine
+    engine: LocalEngine | None
     gateway: Gateway
     server_url: str
     engine_url: str
     runners: RunnerGroup
+    model_name: str
+
+    @property
+    def model_version(self) -> int | None:
+        """The version of the weights the local engine serves; None for an upstream's."""
+        return None if self.engine is None else self.engine.model_version
 
     async def settle_calls(self, rollout_ids: Sequence[str] | None = None) -> None:
         """Wait until no model call is in flight and every recorded call is in the store; with
@@ -65,6 +75,8 @@ class Services:
         ones until the new weights serve, and each call records the version its engine response
         names.
         """
+        if self.engine is None:
+            raise ConfigError("the session's model is an upstream server: there are no weights to swap")
         if not pause:
             swap = await self.engine.swap_weights(checkpoint)
             self.gateway.model_version = swap.model_version
@@ -81,43 +93,55 @@ class Services:
 @contextlib.asynccontextmanager
 async def start_services(
     store: Store,
-    engine_config: EngineConfig,
+    engine_config: EngineConfig | Upstream,
     agent: Runnable,
     n_runners: int,
     runner_config: RunnerConfig,
     runner_log: Path,
     *,
     owns_store: bool,
+    model_name: str | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
-    With ``owns_store`` the store is closed last; without, it is left open for its owner.
+    With ``owns_store`` the store is closed last; without, it is left open for its owner. Given an
+    ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
+    served as ``model_name``.
     """
     from fulgor.engine.app import create_app as create_engine_app
     from fulgor.engine.local import LocalEngine
-    from fulgor.gateway import GatewayConfig, create_gateway_app
+    from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
     from fulgor.server import ServerConfig, create_app
 
     async with contextlib.AsyncExitStack() as stack:
         if owns_store:  # closed last, after the server that serves it
             stack.push_async_callback(store.close)
-        engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
-        engine_server = ServerThread(create_engine_app(engine))
-        stack.push_async_callback(engine_server.astop)
-        engine_url = f"{await asyncio.to_thread(engine_server.start)}/v1"
+        engine: LocalEngine | None = None
+        if isinstance(engine_config, Upstream):
+            upstream, served = engine_config, model_name
+            if served is None:
+                raise ConfigError("an upstream needs the model_name to serve its calls with")
+        else:
+            engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
+            engine_server = ServerThread(create_engine_app(engine))
+            stack.push_async_callback(engine_server.astop)
+            upstream = Upstream(f"{await asyncio.to_thread(engine_server.start)}/v1")
+            served = engine.model_name
         # One operator key per session: the runners use it, each agent gets its attempt's credential.
         key = new_operator_key()
-        gateway_config = GatewayConfig(api_key=key, model_version=engine.model_version)
-        gateway = create_gateway_app(store, [engine_url], gateway_config)
+        gateway_config = GatewayConfig(
+            api_key=key, model_version=None if engine is None else engine.model_version
+        )
+        gateway = create_gateway_app(store, [upstream], gateway_config)
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
         app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
         server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
         runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
         runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
         stack.push_async_callback(runners.stop)
-        logger.info("engine at %s, store and gateway at %s", engine_url, server_url)
-        yield Services(store, engine, gateway, server_url, engine_url, runners)
+        logger.info("model at %s, store and gateway at %s", upstream.url, server_url)
+        yield Services(store, engine, gateway, server_url, upstream.url, runners, served)
 
 
 async def open_run_store(run_dir: Path) -> Store:

@@ -8,7 +8,9 @@ report), ``update_policy`` (one update of the algorithm's on the trainer's own c
 resources version), ``validate`` (every ``val_every`` steps, greedy), ``log_metrics`` (one JSON
 line in ``run_dir/metrics.jsonl``) and ``prune_checkpoints`` (deleting the checkpoints no longer
 kept). ``dev`` runs an agent through the same services without training, to check rewards and
-traces first.
+traces first. On an ``upstream`` (an OpenAI-compatible server the trainer does not own) it runs
+what changes no weights: ``dev``, ``evaluate``, and ``fit`` with an algorithm that publishes
+nothing.
 
 What it does not know: how an agent talks to its model (the gateway URL is all it gets), or which
 algorithm it runs: it asks an :class:`~fulgor.algorithms.base.Algorithm` (GRPO is one) which tasks
@@ -60,6 +62,7 @@ from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutReques
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig
+    from fulgor.gateway import Upstream
     from fulgor.training.tracking import Tracker
 
 __all__ = ["Trainer"]
@@ -95,13 +98,24 @@ class Trainer:
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
+
+    Instead of ``engine``, ``upstream`` names an OpenAI-compatible server the trainer does not own
+    (``http://host:port/v1``: a vLLM server, a hosted API; or a :class:`~fulgor.gateway.Upstream`,
+    which can also stop asking it for token ids), with ``api_key`` sent to it and ``model`` the
+    model it serves the agent's calls with (by default the one model its ``/models`` lists). Every
+    call still goes through the gateway and is recorded, with token ids where the server returns
+    them (vLLM does). Nothing there changes weights: ``fit`` refuses an algorithm that publishes
+    weights before anything starts.
     """
 
     def __init__(
         self,
         *,
         algorithm: Algorithm,
-        engine: EngineConfig,
+        engine: EngineConfig | None = None,
+        upstream: str | Upstream | None = None,
+        api_key: str | None = None,
+        model: str | None = None,
         run_dir: str | Path = "runs/default",
         store: Store | None = None,
         n_runners: int = 2,
@@ -124,6 +138,8 @@ class Trainer:
         _check_algorithm(algorithm)
         self.algorithm = algorithm
         self.engine = engine
+        self.upstream = _upstream(engine, upstream, api_key, model)
+        self.model = model
         self.run_dir = Path(run_dir)
         self.store = store
         self.n_runners = n_runners
@@ -153,6 +169,14 @@ class Trainer:
         returns the metrics of each step run."""
         if not train_dataset:
             raise ConfigError("the training dataset is empty; pass at least one task")
+        if self.upstream is not None and self.algorithm.publishes == "weights":
+            kind = type(self.algorithm).__name__
+            raise ConfigError(
+                f"{kind} changes the model's weights, and the upstream {self.upstream.url} is a server "
+                "fulgor does not own, whose weights it cannot change; train on a local model with "
+                "Trainer(engine=EngineConfig(model=DIR)), or use dev/evaluate (or an algorithm that "
+                "publishes nothing) with the upstream"
+            )
         return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
 
     def dev(self, agent: Runnable, dataset: Sequence[Any]) -> DevReport:
@@ -197,11 +221,13 @@ class Trainer:
             ):
                 trainable = None
                 if self.algorithm.publishes == "weights":
+                    assert model_dir is not None  # a local engine: fit refuses weights on an upstream
                     trainable = await asyncio.to_thread(self._trainable, model_dir, start_step)
+                await self.algorithm.prepare(None if trainable is None else trainable[0])
                 resources = await self.put_resources(services)
                 if val and start_step == 0 and self.algorithm.val_before_training:
                     before = await self.validate(services, val, resources)
-                    log.write({"step": 0, "model_version": services.engine.model_version, **before})
+                    log.write({"step": 0, "model_version": services.model_version, **before})
                     track(log.history[-1])
                     progress.update(log.history[-1])
                 for step in range(start_step + 1, self.algorithm.max_steps + 1):
@@ -217,7 +243,7 @@ class Trainer:
                     if trainable is not None:
                         policy, updater = trainable
                         with timer("update_policy"):
-                            version = services.engine.model_version
+                            version = services.model_version or 0
                             update = await self.update_policy(updater, outcomes, version)
                         with timer("publish_weights"):
                             resources = await self.publish_weights(services, policy, updater, step)
@@ -256,28 +282,40 @@ class Trainer:
 
     @contextlib.asynccontextmanager
     async def start_services(
-        self, agent: Runnable, model_dir: Path, model_version: int
+        self, agent: Runnable, model_dir: Path | None, model_version: int
     ) -> AsyncIterator[Services]:
-        """Engine (on ``model_dir``), store server + gateway and runners; all stopped on leaving."""
+        """Engine (on ``model_dir``) or the upstream, store server + gateway and runners; all
+        stopped on leaving."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
-        logger.info("torch uses %d threads in the trainer", threads)
+        model_name = self.model
+        if self.upstream is not None:
+            from fulgor.gateway.upstreams import served_model
+
+            target: EngineConfig | Upstream = self.upstream
+            if model_name is None:
+                model_name = await served_model(self.upstream)
+        else:
+            assert self.engine is not None
+            assert model_dir is not None
+            threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
+            logger.info("torch uses %d threads in the trainer", threads)
+            target = replace(
+                self.engine,
+                model=model_dir,
+                served_model_name=self.engine.model_name,
+                model_version=model_version,
+            )
         store = self.store if self.store is not None else await open_run_store(self.run_dir)
-        engine = replace(
-            self.engine,
-            model=model_dir,
-            served_model_name=self.engine.model_name,
-            model_version=model_version,
-        )
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(
             store,
-            engine,
+            target,
             agent,
             self.n_runners,
             self.runner_config,
             runner_log,
             owns_store=self.store is None,
+            model_name=model_name,
         ) as services:
             yield services
 
@@ -291,7 +329,7 @@ class Trainer:
         for mode in ("val", "train"):
             llm = LLM(
                 endpoint=f"{services.server_url}/v1",
-                model=services.engine.model_name,
+                model=services.model_name,
                 sampling_parameters=self.algorithm.sampling_parameters(mode),
             )
             version = await services.store.put_resources({"llm": llm})
@@ -340,8 +378,8 @@ class Trainer:
         trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
         trajectories, counts = self.algorithm.select(trajectories, policy_version)
         if not trajectories:
-            logger.warning("no rollout of this step left a trajectory to learn from; no update")
-            return counts
+            logger.warning("no trajectory of this step was selected to learn from; no update")
+            return {**counts, "update_skipped": 1.0}
         metrics = await asyncio.to_thread(updater.step, trajectories)
         names = self.algorithm.metric_names
         return {**{name: metrics[key] for key, name in names.items() if key in metrics}, **counts}
@@ -413,7 +451,7 @@ class Trainer:
         collect_seconds = timer.seconds.get("collect_rollouts", 0.0)
         metrics: dict[str, Any] = {
             "step": step,
-            "model_version": services.engine.model_version,
+            "model_version": services.model_version,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "rollouts": len(outcomes),
             "rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
@@ -438,12 +476,15 @@ class Trainer:
 
     # -- helpers ------------------------------------------------------------------------------------
 
-    def _starting_point(self, *, training: bool) -> tuple[int, Path]:
-        """The step to continue after and the weights to start from (the newest checkpoint, or the base).
+    def _starting_point(self, *, training: bool) -> tuple[int, Path | None]:
+        """The step to continue after and the weights to start from (the newest checkpoint, or the
+        base; None on an upstream, whose weights are its own).
 
         Only ``training`` continues the run, so only then must ``resume`` allow it and the
         checkpoint's kind match the algorithm's; the engine serves either kind.
         """
+        if self.engine is None:
+            return 0, None
         latest = latest_checkpoint(self.checkpoints_dir)
         if latest is None:
             return 0, self.engine.model
@@ -471,6 +512,7 @@ class Trainer:
         """The trainer's copy of the weights and the algorithm's updater (with a frozen copy of the
         starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
         continues with the state saved with it."""
+        assert self.engine is not None
         policy = load_policy(model_dir, self.engine.device, self.algorithm.lora)
         reference = None
         if self.algorithm.needs_reference_model:
@@ -496,6 +538,31 @@ class Trainer:
             config=self.rollout_config,
             metadata={"step": step} if step else {},
         )
+
+
+def _upstream(
+    engine: EngineConfig | None, upstream: str | Upstream | None, api_key: str | None, model: str | None
+) -> Upstream | None:
+    """The upstream the trainer sends calls to, or None for the local engine; exactly one is given."""
+    if (engine is None) == (upstream is None):
+        raise ConfigError(
+            "pass either engine=EngineConfig(model=DIR) (a local model fulgor serves and trains) or "
+            "upstream='http://host:port/v1' (a server it only calls), not both or neither"
+        )
+    if upstream is None:
+        if api_key is not None or model is not None:
+            raise ConfigError(
+                "api_key and model go with upstream=...; the local engine serves the model in its "
+                "EngineConfig under EngineConfig.served_model_name"
+            )
+        return None
+    from fulgor.gateway import Upstream
+
+    if isinstance(upstream, str):
+        return Upstream(upstream, api_key=api_key)
+    if api_key is not None:
+        return replace(upstream, api_key=api_key)
+    return upstream
 
 
 def _check_algorithm(algorithm: Any) -> None:

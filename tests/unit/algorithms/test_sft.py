@@ -109,9 +109,9 @@ def test_fine_tuning_lowers_the_loss_of_the_trained_tokens(model_dir: Path) -> N
     row = chat_row(tokenizer, TRANSCRIPT, TOOLS)
     before = _mean_logprobs(model, row)
     updater = SFTUpdater(model, SFTConfig(learning_rate=3e-3))
-    first = updater.step([row])
+    first = updater.step_rows([row])
     for _ in range(30):
-        last = updater.step([row])
+        last = updater.step_rows([row])
     assert last["loss"] < first["loss"] / 2
     assert first["trained_tokens"] == sum(row.loss_mask)
     after = _mean_logprobs(model, row)
@@ -152,7 +152,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(model_dir: Path) -> 
     for micro in (1, 2):
         trained = copy.deepcopy(reference)
         config = SFTConfig(micro_batch_size=micro, max_grad_norm=1e9)  # compare the unclipped gradient
-        metrics = SFTUpdater(trained, config).step(rows)
+        metrics = SFTUpdater(trained, config).step_rows(rows)
         assert metrics["loss"] == pytest.approx(float(loss.detach()), abs=1e-5)
         for before, after in zip(model.parameters(), trained.parameters(), strict=True):
             assert torch.allclose(before.grad, after.grad, atol=1e-6)
@@ -161,7 +161,7 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(model_dir: Path) -> 
 def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     with pytest.raises(ConfigError, match="loss mask 1"):
-        SFTUpdater(model).step(
+        SFTUpdater(model).step_rows(
             [TrajectoryRow(token_ids=[1, 2], loss_mask=[0, 0], sampled_logprobs=[0.0, 0.0])]
         )
     with pytest.raises(ConfigError, match="learning_rate"):
@@ -170,7 +170,7 @@ def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:
         with pytest.raises(ConfigError, match="max_grad_norm"):
             SFTConfig(max_grad_norm=norm)
     with pytest.raises(ConfigError, match="at least one"):
-        SFTUpdater(model).step([])
+        SFTUpdater(model).step_rows([])
 
 
 def test_a_token_at_position_0_is_not_trained(model_dir: Path) -> None:
@@ -178,6 +178,6 @@ def test_a_token_at_position_0_is_not_trained(model_dir: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     only_first = TrajectoryRow(token_ids=[5, 6], loss_mask=[1, 0], sampled_logprobs=[0.0, 0.0])
     with pytest.raises(ConfigError, match="loss mask 1"):
-        SFTUpdater(model).step([only_first])
+        SFTUpdater(model).step_rows([only_first])
     first_and_more = TrajectoryRow(token_ids=[5, 6, 7], loss_mask=[1, 1, 1], sampled_logprobs=[0.0] * 3)
-    assert SFTUpdater(model).step([first_and_more])["trained_tokens"] == 2.0
+    assert SFTUpdater(model).step_rows([first_and_more])["trained_tokens"] == 2.0

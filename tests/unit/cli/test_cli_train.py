@@ -138,6 +138,34 @@ REFUSED = {
     "agent spec without object": (["--train", "tasks.jsonl", "--agent", "{agent}"], "module:object"),
     "agent module missing": (["--train", "tasks.jsonl", "--agent", "no_such_module:solve"], "cannot import"),
     "agent object missing": (["--train", "tasks.jsonl", "--agent", "{agent}:nothing"], "has no attribute"),
+    "unknown algorithm": (
+        ["--train", "tasks.jsonl", "--algorithm", "ppo"],
+        "--algorithm ppo does not exist; pass one of grpo, sft",
+    ),
+    "sft without a rule": (
+        ["--train", "tasks.jsonl", "--algorithm", "sft"],
+        "--algorithm sft needs to know what to imitate: --min-reward R",
+    ),
+    "sft top-k above the group": (
+        ["--train", "tasks.jsonl", "--algorithm", "sft", "--top-k", "9"],
+        "--top-k 9 is more than --group-size 8",
+    ),
+    "teacher run without a store": (
+        ["--train", "tasks.jsonl", "--algorithm", "sft", "--from-run", "old-run"],
+        "--from-run old-run holds no store.sqlite",
+    ),
+    "sft options with grpo": (
+        ["--train", "tasks.jsonl", "--min-reward", "1"],
+        "--min-reward go with --algorithm sft",
+    ),
+    "model and upstream": (
+        ["--train", "tasks.jsonl", "--dev", "--upstream", "http://127.0.0.1:9/v1"],
+        "pass --model DIR (a local model to train) or --upstream URL",
+    ),
+    "upstream options without upstream": (
+        ["--train", "tasks.jsonl", "--upstream-model", "gpt"],
+        "--upstream-model, --upstream-key-env and --no-token-ids go with --upstream URL",
+    ),
     "agent object not an agent": (
         ["--train", "tasks.jsonl", "--agent", "{agent}:not_an_agent"],
         "not an agent",
@@ -180,6 +208,35 @@ def test_bad_settings_are_usage_errors(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: {says}" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--train", "tasks.jsonl"], "--algorithm grpo changes the model's weights, and --upstream"),
+        (
+            ["--train", "tasks.jsonl", "--algorithm", "sft", "--top-k", "1"],
+            "--algorithm sft changes the model's",
+        ),
+        (["--train", "tasks.jsonl", "--dev", "--upstream-key-env", "FULGOR_TEST_UNSET"], "is not set"),
+    ],
+)
+def test_training_on_an_upstream_is_refused_before_anything_starts(
+    folder: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    says: str,
+) -> None:
+    monkeypatch.delenv("FULGOR_TEST_UNSET", raising=False)
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--upstream", "http://127.0.0.1:9/v1", "--run-dir", "run"]
+    assert main([*argv, *args]) == 2
+    out, err = capsys.readouterr()
+    [error] = err.splitlines()
+    assert says in error
+    assert out == ""
+    assert not (folder / "run").exists()
 
 
 def test_evaluate_needs_the_run_dir_it_measures(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,6 +357,46 @@ def test_every_option_reaches_grpo_and_the_trainer(
     assert re.fullmatch(r"runs/train-\d{8}-\d{6}", built[-1][0].run_dir.as_posix())
 
 
+def test_sft_and_upstream_options_reach_the_trainer(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    from fulgor import SFT, Trainer
+    from fulgor.training.reports import DevReport
+
+    built: list[Trainer] = []
+
+    def dev(self: Trainer, agent: Any, tasks: Any) -> DevReport:
+        built.append(self)
+        return DevReport(rollouts=[])
+
+    monkeypatch.setattr(Trainer, "dev", dev)
+    module = (folder / "module.txt").read_text()
+    common = ["train", "--agent", f"{module}:solve", "--train", "tasks.jsonl"]
+    teacher = folder / "teacher"
+    teacher.mkdir()
+    (teacher / "store.sqlite").write_bytes(b"")
+    argv = [*common, "--model", "model", "--run-dir", "run", "--algorithm", "sft", "--min-reward", "0.5"]
+    argv += ["--top-k", "2", "--group-size", "4", "--from-run", "teacher", "--batch-size", "5", "--dev"]
+    assert main(argv) == 0, capsys.readouterr().err
+    sft = built[-1].algorithm
+    assert isinstance(sft, SFT)
+    assert (sft.min_reward, sft.top_k, sft.group_size, sft.from_run, sft.batch_size) == (
+        0.5, 2, 4, Path("teacher"), 5,
+    )  # fmt: skip
+    assert sft.config.learning_rate == 1e-3  # SFT's own default
+
+    monkeypatch.setenv("FULGOR_TEST_KEY", "sk-test")
+    argv = [*common, "--upstream", "http://127.0.0.1:9/v1", "--upstream-model", "big", "--dev"]
+    argv += ["--upstream-key-env", "FULGOR_TEST_KEY", "--no-token-ids", "--run-dir", "teacher-run"]
+    assert main(argv) == 0, capsys.readouterr().err
+    trainer = built[-1]
+    assert trainer.engine is None
+    assert trainer.upstream is not None
+    assert (trainer.upstream.url, trainer.upstream.api_key) == ("http://127.0.0.1:9/v1", "sk-test")
+    assert (trainer.upstream.request_token_ids, trainer.model) == (False, "big")
+
+
 def test_a_task_is_any_json_value_and_reaches_the_agent_as_written(tmp_path: Path) -> None:
     from fulgor.cli.train import read_tasks
 
@@ -394,6 +491,42 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
     assert "step-1" in evaluated.stderr  # with the weights the run trained
     assert [m["step"] for m in read_metrics(run)] == [0, 1]  # evaluating trains nothing
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]
+
+
+def test_record_a_teacher_on_an_upstream_then_distil_it_and_train_with_rejection_sampling(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl", TASKS)
+    common = ("--agent", "calls:solve", "--train", "tasks.jsonl", "--n-runners", "1", "--max-tokens", "8")
+    # The teacher: a simulated hosted API (real HTTP) whose replies hold each task's letter.
+    replies = [ScriptedReply(text=f"a word with {task['letter']} in it") for task in TASKS]
+    with ScriptedOpenAIServer(replies, supports_token_ids=False) as server:
+        recorded = fulgor_train(
+            tmp_path, *common, "--upstream", server.url, "--no-token-ids", "--dev", "--run-dir", "teacher"
+        )
+    assert recorded.returncode == 0, recorded.stderr
+    assert "3 rollouts, 3 succeeded" in recorded.stdout
+
+    local = ("--model", str(tiny_model), "--device", "cpu", "--steps", "1")
+    distilled = fulgor_train(
+        tmp_path, *common, *local, "--algorithm", "sft", "--from-run", "teacher", "--batch-size", "3",
+        "--run-dir", "student",
+    )  # fmt: skip
+    assert distilled.returncode == 0, distilled.stderr
+    [step] = read_metrics(tmp_path / "student")
+    assert (step["rollouts"], step["rows_tokenised"], step["transcripts"]) == (0, 3.0, 3.0)
+    assert (tmp_path / "student" / "checkpoints" / "step-1" / "config.json").is_file()
+
+    sampled = fulgor_train(
+        tmp_path, *common, *local, "--algorithm", "sft", "--top-k", "1", "--group-size", "2",
+        "--batch-tasks", "2", "--run-dir", "own",
+    )  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr
+    [step] = read_metrics(tmp_path / "own")
+    assert (step["rollouts"], step["rollouts_selected"], step["rollouts_not_selected"]) == (4, 2.0, 2.0)
 
 
 def test_evaluate_fails_when_a_rollout_fails(tmp_path: Path, tiny_model: Path) -> None:

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
 from fulgor.algorithms.base import Publishes
 from fulgor.algorithms.grpo.config import GRPOConfig
+from fulgor.algorithms.schedule import StepSchedule
 from fulgor.errors import ConfigError
-from fulgor.types import JsonDict, RolloutMode
+from fulgor.types import JsonDict
 
 if TYPE_CHECKING:
     from fulgor.algorithms.grpo.update import PolicyUpdater
@@ -32,7 +32,7 @@ __all__ = ["GRPO"]
 logger = logging.getLogger(__name__)
 
 
-class GRPO:
+class GRPO(StepSchedule):
     """Group Relative Policy Optimisation over an agent's own rollouts.
 
     Each step samples ``group_size`` rollouts for each of ``batch_tasks`` training tasks (one
@@ -146,32 +146,8 @@ class GRPO:
             settings.update(async_rollouts=True, max_staleness=self.max_staleness)
         return settings
 
-    def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
-        """What the agent passes to the model: the training temperature, or greedy for validation."""
-        if mode == "val":
-            return {"temperature": 0.0, "max_tokens": self.max_tokens}
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
-
-    def step_tasks(self, dataset: Sequence[Any], step: int) -> list[Any]:
-        """The ``batch_tasks`` training tasks of ``step`` (1-based); the same step always gets the same.
-
-        >>> grpo = GRPO(group_size=4, batch_tasks=2)
-        >>> sorted(grpo.step_tasks(["a", "b", "c", "d"], 1) + grpo.step_tasks(["a", "b", "c", "d"], 2))
-        ['a', 'b', 'c', 'd']
-        """
-        if not dataset:
-            raise ConfigError("the training dataset is empty; pass at least one task")
-        start = (step - 1) * self.batch_tasks
-        return [
-            dataset[self._index(len(dataset), position)]
-            for position in range(start, start + self.batch_tasks)
-        ]
-
-    def _index(self, size: int, position: int) -> int:
-        epoch, offset = divmod(position, size)
-        order = list(range(size))
-        random.Random(f"{self.seed}-{epoch}").shuffle(order)
-        return order[offset]
+    async def prepare(self, policy: Any | None) -> None:
+        """Nothing to prepare: GRPO learns from each step's own rollouts."""
 
     def split_stale(
         self, trajectories: Sequence[Trajectory], policy_version: int
@@ -214,14 +190,6 @@ class GRPO:
         if stale:
             logger.info("%d rollouts ran on weights too old for version %d", len(stale), policy_version)
         return fresh, ({"rollouts_stale": float(len(stale))} if self.async_rollouts else {})
-
-    def out_of_time(self, elapsed_seconds: float) -> bool:
-        """Whether the run has used up ``max_seconds`` of wall time (never without a limit)."""
-        return self.max_seconds is not None and elapsed_seconds >= self.max_seconds
-
-    def validates_at(self, step: int) -> bool:
-        """Whether validation runs after ``step``: every ``val_every`` steps and after the last one."""
-        return step % self.val_every == 0 or step == self.max_steps
 
     def updater(self, model: Any, reference_model: Any | None = None) -> PolicyUpdater:
         """The policy updater (optimiser included) that trains ``model`` in place."""

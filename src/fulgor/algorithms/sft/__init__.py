@@ -1,7 +1,9 @@
-"""Supervised fine-tuning on token rows: the warm start before RL, or training on the best trajectories."""
+"""Supervised fine-tuning: imitate the agent's own best rollouts (rejection sampling), another model's
+recorded rollouts (distillation), or chat transcripts (a warm start)."""
 
 from __future__ import annotations
 
+from fulgor.algorithms.sft.algorithm import SFT, select_best
 from fulgor.algorithms.sft.update import SFTConfig, SFTUpdater, chat_row
 
-__all__ = ["SFTConfig", "SFTUpdater", "chat_row"]
+__all__ = ["SFT", "SFTConfig", "SFTUpdater", "chat_row", "select_best"]

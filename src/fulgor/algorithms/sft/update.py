@@ -47,6 +47,7 @@ def chat_row(
     tools: Sequence[dict[str, Any]] | None = None,
     *,
     stop_token_ids: Collection[int] | None = None,
+    turns: Collection[int] | None = None,
 ) -> TrajectoryRow:
     """A training row from a chat transcript, with the ids the engine serves it with.
 
@@ -61,6 +62,9 @@ def chat_row(
     (:func:`fulgor.engine.loading.eos_token_ids` of the model and tokenizer, which adds the model's
     configs to the tokenizer's) when the model ends a turn with a token other than the tokenizer's
     ``eos_token_id``, the default.
+
+    ``turns`` (indices into ``messages``) names the assistant turns to train; the others are context
+    like every other message. By default every assistant turn is trained.
     """
     from fulgor.engine.prompts import render_chat_ids
     from fulgor.engine.protocol import ChatMessage, Tool
@@ -86,14 +90,14 @@ def chat_row(
         token_ids[:] = ids
 
     for index, message in enumerate(parsed):
-        if message.role != "assistant":
+        if message.role != "assistant" or (turns is not None and index not in turns):
             continue
         extend(render_chat_ids(tokenizer, parsed[:index], tool_defs, add_generation_prompt=True))
         turn_start = len(token_ids)
         full = render_chat_ids(tokenizer, parsed[: index + 1], tool_defs, add_generation_prompt=False)
         extend(full, trained_until=_end_of_turn(full, turn_start, stops) - turn_start)
     if not token_ids:
-        raise ConfigError("the transcript has no assistant turn; there is nothing to train on")
+        raise ConfigError("the transcript has no assistant turn to train; there is nothing to train on")
     return TrajectoryRow(
         token_ids=token_ids,
         loss_mask=loss_mask,
@@ -112,7 +116,8 @@ def _end_of_turn(ids: list[int], start: int, stops: frozenset[int]) -> int:
 
 
 class SFTUpdater:
-    """Owns the optimiser; ``step`` applies one fine-tuning update to ``model`` in place."""
+    """Owns the optimiser; ``step`` (trajectories, the :class:`~fulgor.algorithms.base.Updater`
+    protocol) and ``step_rows`` (rows) apply one fine-tuning update to ``model`` in place."""
 
     def __init__(self, model: Any, config: SFTConfig | None = None) -> None:
         import torch
@@ -124,7 +129,20 @@ class SFTUpdater:
             params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay
         )
 
-    def step(self, rows: Sequence[TrajectoryRow]) -> dict[str, float]:
+    def state_dict(self) -> dict[str, Any]:
+        """The optimiser's moments and step counts, for a resumed run."""
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of an updater over the same parameters)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One update on every row of ``trajectories`` (their rewards play no part: the rows were
+        selected already)."""
+        return self.step_rows([row for trajectory in trajectories for row in trajectory.rows])
+
+    def step_rows(self, rows: Sequence[TrajectoryRow]) -> dict[str, float]:
         """One update: the mean negative log-likelihood over every trained token of ``rows``."""
         import torch
 
