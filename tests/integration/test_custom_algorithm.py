@@ -185,6 +185,41 @@ def test_an_algorithm_that_publishes_nothing_runs_and_measures_rollouts(
     assert _call_versions_by_step(run_dir) == {1: {0}, 2: {0}}
 
 
+def test_an_algorithm_that_publishes_nothing_runs_on_an_upstream_fulgor_does_not_own(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The upstream is an OpenAI-compatible server with token ids (fulgor's engine, served apart as
+    a vLLM server would be): the trainer starts no engine, finds the model it serves, records every
+    call with the server's ids."""
+    from fulgor.engine.app import create_app
+    from fulgor.engine.local import LocalEngine
+    from fulgor.net.asgi import ServerThread
+
+    served = LocalEngine.from_config(
+        EngineConfig(model=model_dir, served_model_name="elsewhere", device="cpu", max_model_len=256, seed=0)
+    )
+    run_dir = tmp_path / "run"
+    try:
+        with ServerThread(create_app(served)) as server:
+            trainer = Trainer(
+                algorithm=RolloutsOnly(), upstream=f"{server.url}/v1", run_dir=run_dir, n_runners=1,
+                max_concurrency=4, progress=False,
+            )  # fmt: skip
+            history = trainer.fit(graded_call, TASKS, TASKS)
+            measured = trainer.evaluate(graded_call, TASKS)
+    finally:
+        served.close()
+    assert [line["step"] for line in history] == [1, 2]
+    assert all(line["model_version"] is None and line["rollouts"] == 4 for line in history)
+    assert all(line["drift/calls_missing_ids"] == 0 and line["drift/calls_trained"] == 4 for line in history)
+    assert measured["val_rollouts_failed"] == 0
+    calls = _calls(run_dir)
+    assert len(calls) == 4 + 4 + 2 + 2  # two steps, validation after the last, evaluate
+    assert {call.response["model"] for call in calls} == {"elsewhere"}
+    assert all(call.prompt_token_ids and call.response_token_ids for call in calls)
+    assert not (run_dir / "checkpoints").exists()
+
+
 def test_what_is_no_algorithm_is_refused_naming_what_it_lacks(tmp_path: Path, model_dir: Path) -> None:
     class Halfway:
         name = "halfway"
@@ -213,6 +248,21 @@ def _call_versions_by_step(run_dir: Path) -> dict[int, set[int | None]]:
                 calls = [ModelCall.model_validate(s.attributes[semconv.ATTR_MODEL_CALL]) for s in spans]
                 step.update(call.model_version for call in calls)
             return versions
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def _calls(run_dir: Path) -> list[ModelCall]:
+    async def read() -> list[ModelCall]:
+        store = SqliteStore(run_dir / "store.sqlite")
+        try:
+            return [
+                ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL])
+                for rollout in await store.query_rollouts()
+                for span in await store.query_spans(rollout.rollout_id, name=semconv.SPAN_MODEL_CALL)
+            ]
         finally:
             await store.close()
 

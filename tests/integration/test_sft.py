@@ -147,10 +147,12 @@ def test_distillation_learns_the_teachers_turns_rendered_with_the_students_templ
     policy = load_policy(student, "cpu")
     assert sft.teacher is not None
     row = sft.teacher.trajectories[0].rows[0]
-    trained_text = policy.tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask) if m])
+    learned = [t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m]
+    trained_text = policy.tokenizer.decode(learned)
     task = CALC["train"][0]
     expression = f"{task['a']}{task['op']}{task['b']}"
-    assert f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}' in trained_text
+    call = f'{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
+    assert f"<tool_call>\n{call}" in trained_text
     assert f"Answer: {task['answer']}" in trained_text
     assert task["question"] not in trained_text  # the prompt is context
     assert task["question"] in policy.tokenizer.decode(row.token_ids)
@@ -164,7 +166,7 @@ def test_a_teacher_run_with_nothing_usable_says_why_per_rollout(
     with pytest.raises(ConfigError) as refused:
         asyncio.run(SFT(from_run=teacher_dir, min_reward=2.0).prepare(policy))
     lines = refused.value.message.splitlines()
-    assert "has no transcript the student can learn (0 of 0 transcripts rendered; not used: 4 x its" in lines[0]
+    assert "no transcript the student can learn (0 of 0 transcripts rendered; not used: 4 x its" in lines[0]
     assert len(lines) == 5
     assert all("its reward is not among those the rule selects" in line for line in lines[1:])
 
