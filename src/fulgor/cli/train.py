@@ -256,8 +256,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
     try:
-        _require_extras()
-        _check_device(args.device)
+        _require_extras(torch=args.upstream is None)
+        if args.upstream is None:
+            _check_device(args.device)
         trainer = _trainer(args, job.run_dir)
         agent = _load_agent(args.agent)
     except ImportError as error:
@@ -443,12 +444,15 @@ def _check_device(device: str) -> None:
         )
 
 
-def _require_extras() -> None:
-    """torch and transformers, and the server the run's services need, or an ImportError naming the extra."""
+def _require_extras(*, torch: bool) -> None:
+    """torch and transformers (for a local model), and the server the run's services need, or an
+    ImportError naming the extra."""
     from fulgor.engine.loading import require_torch
 
-    require_torch()
-    for module in ("fulgor.gateway", "fulgor.engine.app"):  # each names fulgor[server] when missing
+    if torch:
+        require_torch()
+    # Each names fulgor[server] when missing.
+    for module in ("fulgor.gateway", "fulgor.engine.app") if torch else ("fulgor.gateway",):
         importlib.import_module(module)
 
 

@@ -108,8 +108,6 @@ async def start_services(
     ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
     served as ``model_name``.
     """
-    from fulgor.engine.app import create_app as create_engine_app
-    from fulgor.engine.local import LocalEngine
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
     from fulgor.server import ServerConfig, create_app
@@ -123,6 +121,9 @@ async def start_services(
             if served is None:
                 raise ConfigError("an upstream needs the model_name to serve its calls with")
         else:
+            from fulgor.engine.app import create_app as create_engine_app
+            from fulgor.engine.local import LocalEngine
+
             engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
             engine_server = ServerThread(create_engine_app(engine))
             stack.push_async_callback(engine_server.astop)

@@ -13,8 +13,8 @@ what changes no weights: ``dev``, ``evaluate``, and ``fit`` with an algorithm th
 nothing.
 
 What it does not know: how an agent talks to its model (the gateway URL is all it gets), or which
-algorithm it runs: it asks an :class:`~fulgor.algorithms.base.Algorithm` (GRPO is one) which tasks
-to run, which trajectories to learn from, how to update the weights and when to stop.
+algorithm it runs: it asks an :class:`~fulgor.algorithms.base.Algorithm` (GRPO and SFT are two)
+which tasks to run, which trajectories to learn from, how to update the weights and when to stop.
 """
 
 from __future__ import annotations

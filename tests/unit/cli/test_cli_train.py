@@ -357,6 +357,34 @@ def test_every_option_reaches_grpo_and_the_trainer(
     assert re.fullmatch(r"runs/train-\d{8}-\d{6}", built[-1][0].run_dir.as_posix())
 
 
+def test_recording_on_an_upstream_needs_no_torch(folder: Path) -> None:
+    """--dev on an upstream runs the whole system (store, gateway, runners) without torch installed."""
+    from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+    module = (folder / "module.txt").read_text()
+    code = "import sys; sys.modules['torch'] = None\nfrom fulgor.cli.main import main\n"
+    code += "sys.exit(main(sys.argv[1:]))"
+    replies = [ScriptedReply(text=f"with {task['letter']}") for task in TASKS]
+    with ScriptedOpenAIServer(replies, supports_token_ids=False) as server:
+        command = [
+            "train",
+            "--agent",
+            f"{module}:solve",
+            "--train",
+            "tasks.jsonl",
+            "--dev",
+            "--n-runners",
+            "1",
+        ]
+        command += ["--upstream", server.url, "--no-token-ids", "--run-dir", "teacher"]
+        result = subprocess.run(
+            [sys.executable, "-c", code, *command], cwd=folder, capture_output=True, text=True, timeout=120
+        )
+    assert result.returncode == 0, result.stderr
+    assert "3 rollouts, 3 succeeded" in result.stdout
+    assert (folder / "teacher" / "store.sqlite").is_file()
+
+
 def test_sft_and_upstream_options_reach_the_trainer(
     folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
