@@ -274,3 +274,43 @@ def test_teacher_data_reports_a_transcript_the_template_cannot_render(student: P
     assert len(data.trajectories) == 1
     [unusable] = data.unusable
     assert "do not parse back" in unusable.reason  # no tools were declared: the engine parses no calls
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        (  # drops the system message
+            "{% for m in messages %}{% if m.role != 'system' %}<|im_start|>{{ m.role }}\n"
+            "{{ m.content or '' }}<|im_end|>\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+            "drops the system message 'Be brief.'",
+        ),
+        (  # renders only the newest assistant turn, so earlier turns change as the conversation grows
+            "{% for m in messages %}{% if m.role != 'assistant' or loop.last %}<|im_start|>{{ m.role }}\n"
+            "{{ m.content or '' }}<|im_end|>\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+            "cannot render it: the chat template re-renders earlier turns",
+        ),
+    ],
+    ids=["drops a message", "not append-only"],
+)
+def test_a_template_that_cannot_render_a_transcript_faithfully_is_reported(
+    student: Path, template: str, says: str
+) -> None:
+    from fulgor.adapters.transcripts import Transcript
+
+    policy = load_policy(student, "cpu")
+    policy.tokenizer.chat_template = template
+    conversation = Transcript.of(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "hello again"},
+        ]
+    )
+    data = teacher_data([conversation], policy.tokenizer, stop_token_ids={policy.tokenizer.eos_token_id})
+    assert data.trajectories == []
+    [unusable] = data.unusable
+    assert says in unusable.reason
