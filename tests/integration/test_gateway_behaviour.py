@@ -232,7 +232,10 @@ async def test_a_dead_replica_fails_over_and_rollouts_stick_to_one_replica() -> 
     dead.close()
     async with ScriptedOpenAIServer() as first, ScriptedOpenAIServer() as second:
         async with gateway_env([first.url, second.url]) as env:
+            # Ids are random: take rollouts until both replicas have one (six at least).
             rollouts = [await env.rollout() for _ in range(6)]
+            while len({env.gateway.upstreams.replica_for(r.rollout_id) for r, _ in rollouts}) < 2:
+                rollouts.append(await env.rollout())
             for _, base_url in rollouts:
                 client = openai.AsyncOpenAI(base_url=base_url, api_key="x")
                 for _ in range(3):

@@ -141,7 +141,8 @@ async def start_services(
         runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
         runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
         stack.push_async_callback(runners.stop)
-        logger.info("model at %s, store and gateway at %s", upstream.url, server_url)
+        where = "upstream" if engine is None else "engine"
+        logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)
         yield Services(store, engine, gateway, server_url, upstream.url, runners, served)
 
 
