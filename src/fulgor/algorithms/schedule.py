@@ -1,8 +1,9 @@
 """What GRPO and SFT answer alike: which tasks each step, how to sample, when to validate and stop.
 
-:class:`StepSchedule` is a mixin over the attributes ``batch_tasks``, ``seed``, ``max_steps``,
-``val_every``, ``max_seconds``, ``temperature``, ``top_p`` and ``max_tokens``; an algorithm of
-one's own may use it or answer these parts of :class:`~fulgor.algorithms.base.Algorithm` itself.
+:class:`StepSchedule` is a mixin over the attributes ``group_size``, ``batch_tasks``, ``seed``,
+``max_steps``, ``val_every``, ``max_seconds``, ``temperature``, ``top_p``, ``max_tokens`` and
+``max_trajectory_tokens``, which ``check_schedule`` checks; an algorithm of one's own may use it or
+answer these parts of :class:`~fulgor.algorithms.base.Algorithm` itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = ["StepSchedule", "shuffled_index"]
 class StepSchedule:
     """Tasks in shuffled passes, training and greedy validation sampling, ``val_every``, ``max_seconds``."""
 
+    group_size: int
     batch_tasks: int
     seed: int
     max_steps: int
@@ -28,6 +30,25 @@ class StepSchedule:
     temperature: float
     top_p: float
     max_tokens: int
+    max_trajectory_tokens: int | None
+
+    def check_schedule(self, counts: Sequence[str] = ()) -> None:
+        """A ConfigError, named for the algorithm's class, for the first of these settings out of
+        range; ``counts`` names more settings that must be >= 1."""
+        kind = type(self).__name__
+        for name in ("group_size", "batch_tasks", "max_steps", "val_every", "max_tokens", *counts):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{kind} {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ConfigError(
+                f"{kind} max_seconds must be > 0 (or None for no limit), got {self.max_seconds}"
+            )
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(
+                f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
+            )
+        if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
+            raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
         """What the agent passes to the model: the training temperature, or greedy for validation."""

@@ -103,22 +103,12 @@ class GRPO(StepSchedule):
         self._validate()
 
     def _validate(self) -> None:
-        for name in ("group_size", "batch_tasks", "max_steps", "val_every", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"GRPO {name} must be >= 1, got {getattr(self, name)}")
+        self.check_schedule()
         if self.group_size < 2:
             raise ConfigError(
                 "GRPO group_size must be >= 2 (advantages compare the rollouts of one task), "
                 f"got {self.group_size}"
             )
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise ConfigError(f"GRPO max_seconds must be > 0 (or None for no limit), got {self.max_seconds}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(
-                f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
-            )
-        if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
-            raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
         if self.max_staleness < 0:
             raise ConfigError(
                 f"max_staleness must be >= 0 (0 trains only on rollouts of the current weights), "

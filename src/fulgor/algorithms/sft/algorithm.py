@@ -110,9 +110,7 @@ class SFT(StepSchedule):
         self._validate()
 
     def _validate(self) -> None:
-        for name in ("group_size", "batch_tasks", "batch_size", "max_steps", "val_every", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"SFT {name} must be >= 1, got {getattr(self, name)}")
+        self.check_schedule(counts=("batch_size",))
         if self.from_run is None and self.min_reward is None and self.top_k is None:
             raise ConfigError(
                 "SFT needs to know what to imitate: min_reward=R (keep rollouts with reward >= R), "
@@ -120,19 +118,9 @@ class SFT(StepSchedule):
             )
         if self.top_k is not None and not 1 <= self.top_k <= self.group_size:
             raise ConfigError(f"SFT top_k must be from 1 to group_size ({self.group_size}), got {self.top_k}")
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise ConfigError(f"SFT max_seconds must be > 0 (or None for no limit), got {self.max_seconds}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ConfigError(
-                f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
-            )
-        if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
-            raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
 
     def __repr__(self) -> str:
-        source = (
-            f"from_run={self.from_run!r}" if self.from_run is not None else f"group_size={self.group_size}"
-        )
+        source = f"from_run={self.from_run!r}" if self.distilling else f"group_size={self.group_size}"
         return (
             f"SFT({source}, min_reward={self.min_reward}, top_k={self.top_k}, max_steps={self.max_steps}, "
             f"config={self.config}, lora={self.lora})"
