@@ -44,12 +44,14 @@ from fulgor.version import __version__
 
 if TYPE_CHECKING:
     from fulgor.algorithms import Algorithm
+    from fulgor.algorithms.apo import APO
     from fulgor.algorithms.grpo import GRPO
     from fulgor.algorithms.sft import SFT
     from fulgor.training import Trainer
 
 # Loaded on first use, so that `import fulgor` stays small.
 _LAZY = {
+    "APO": "fulgor.algorithms.apo",
     "Algorithm": "fulgor.algorithms",
     "GRPO": "fulgor.algorithms.grpo",
     "SFT": "fulgor.algorithms.sft",
@@ -57,6 +59,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "APO",
     "GRPO",
     "LLM",
     "SFT",

@@ -38,6 +38,9 @@ ATTR_AGENT_NAME: Final = "fulgor.agent.name"
 ATTR_REWARD_VALUE: Final = "fulgor.reward.value"
 ATTR_REWARD_PRIMARY: Final = "fulgor.reward.primary"
 ATTR_REWARD_VALUES: Final = "fulgor.reward.values"
+# The task's own words on the rollout (what was wrong, what was expected); prompt optimisation
+# shows it to its critic.
+ATTR_REWARD_FEEDBACK: Final = "fulgor.reward.feedback"
 
 # fulgor.message / fulgor.object
 ATTR_MESSAGE_BODY: Final = "fulgor.message.body"

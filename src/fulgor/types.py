@@ -281,6 +281,7 @@ class Reward(_Model):
     value: float = Field(description="The primary value, the one training optimises.")
     primary: str = Field(default="reward", description="Name of the primary value.")
     values: dict[str, float] = Field(default_factory=dict, description="All named values, primary included.")
+    feedback: str | None = Field(default=None, description="The task's own words on the rollout.")
 
     @model_validator(mode="after")
     def _primary_matches(self) -> Reward:

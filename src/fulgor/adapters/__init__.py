@@ -8,6 +8,7 @@ from fulgor.adapters.trajectory import (
     TrajectoryRow,
     build_trajectory,
     model_calls,
+    rollout_feedback,
     rollout_reward,
     verify_rows,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "TrajectoryRow",
     "build_trajectory",
     "model_calls",
+    "rollout_feedback",
     "rollout_reward",
     "verify_rows",
 ]

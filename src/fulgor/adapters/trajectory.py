@@ -41,6 +41,7 @@ __all__ = [
     "TrajectoryRow",
     "build_trajectory",
     "model_calls",
+    "rollout_feedback",
     "rollout_reward",
     "verify_rows",
 ]
@@ -146,6 +147,13 @@ def rollout_reward(spans: Sequence[Span]) -> float | None:
     """The primary value of the rollout's last reward span (None when it emitted none)."""
     rewards = _reward_spans(spans)
     return float(rewards[-1].attributes[semconv.ATTR_REWARD_VALUE]) if rewards else None
+
+
+def rollout_feedback(spans: Sequence[Span]) -> str | None:
+    """The feedback text of the rollout's last reward span (None when it gave none)."""
+    rewards = _reward_spans(spans)
+    feedback = rewards[-1].attributes.get(semconv.ATTR_REWARD_FEEDBACK) if rewards else None
+    return feedback if isinstance(feedback, str) else None
 
 
 def build_trajectory(

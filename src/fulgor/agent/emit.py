@@ -68,18 +68,22 @@ def _json_text(value: Any, what: str) -> str:
         raise AgentError(f"{what} must be JSON-serialisable: {error}") from error
 
 
-def emit_reward(value: float | Mapping[str, float], *, primary: str | None = None) -> Reward:
+def emit_reward(
+    value: float | Mapping[str, float], *, primary: str | None = None, feedback: str | None = None
+) -> Reward:
     """Record a reward for the current rollout.
 
     A float is the reward. A mapping holds several named values; ``primary`` names the one training
-    optimises (it may be omitted when the mapping has exactly one entry). Outside any rollout but
+    optimises (it may be omitted when the mapping has exactly one entry). ``feedback`` is the task's
+    own words on the rollout (what was expected, what went wrong): prompt optimisation shows it to
+    its critic, and every view of the rollout shows it. Outside any rollout but
     with ``$FULGOR_REWARD_URL`` set (in a program a SubprocessAgent runs) the reward is posted there;
     AgentError if the endpoint refuses it or cannot be reached.
 
     >>> emit_reward({"correct": 1.0, "format": 0.5}, primary="correct")  # doctest: +SKIP
     Reward(value=1.0, primary='correct', values={'correct': 1.0, 'format': 0.5})
     """
-    reward = _to_reward(value, primary)
+    reward = _to_reward(value, primary, feedback)
     context = _current.get()
     reward_url = os.environ.get(_REWARD_URL_ENV)
     if context is None and reward_url:
@@ -92,6 +96,7 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
             semconv.ATTR_REWARD_VALUE: reward.value,
             semconv.ATTR_REWARD_PRIMARY: reward.primary,
             semconv.ATTR_REWARD_VALUES: reward.values,
+            **({} if reward.feedback is None else {semconv.ATTR_REWARD_FEEDBACK: reward.feedback}),
         },
     )
     return reward
@@ -103,7 +108,8 @@ def _post_reward(url: str, reward: Reward) -> None:
     import urllib.error
     import urllib.request
 
-    body = json.dumps({"values": reward.values, "primary": reward.primary}).encode()
+    sent = {"values": reward.values, "primary": reward.primary, "feedback": reward.feedback}
+    body = json.dumps(sent).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     # The endpoint is the runner's, on loopback: never through an http_proxy from the environment,
     # which would see the rollout's reward URL and answer for the runner.
@@ -129,9 +135,13 @@ def _error_message(body: bytes) -> str:
         return body.decode(errors="replace")[:500]
 
 
-def _to_reward(value: float | Mapping[str, float], primary: str | None) -> Reward:
+def _to_reward(
+    value: float | Mapping[str, float], primary: str | None, feedback: str | None = None
+) -> Reward:
     if primary is not None and not isinstance(primary, str):
         raise AgentError(f"primary must be the name of a reward value (a string), got {primary!r}")
+    if feedback is not None and not isinstance(feedback, str):
+        raise AgentError(f"feedback must be text (a string), got {type(feedback).__name__}")
     if isinstance(value, Mapping):
         values = {str(k): _finite(v, f"reward {k!r}") for k, v in value.items()}
         if primary is None:
@@ -140,10 +150,10 @@ def _to_reward(value: float | Mapping[str, float], primary: str | None) -> Rewar
             primary = next(iter(values))
         if primary not in values:
             raise AgentError(f"primary={primary!r} is not among the reward values {sorted(values)}")
-        return Reward(value=values[primary], primary=primary, values=values)
+        return Reward(value=values[primary], primary=primary, values=values, feedback=feedback)
     reward = _finite(value, "reward")
     name = primary or "reward"
-    return Reward(value=reward, primary=name, values={name: reward})
+    return Reward(value=reward, primary=name, values={name: reward}, feedback=feedback)
 
 
 def _finite(value: Any, what: str) -> float:

@@ -31,22 +31,39 @@ transcripts) reads and renders it there. Then each step:
 
 :class:`~fulgor.algorithms.grpo.GRPO` is one implementation; any object with these attributes and
 methods is another (the protocol is structural: nothing needs to subclass it).
+
+An algorithm that improves the agent's resources instead (its prompts: :class:`~fulgor.APO`) is a
+:class:`ResourceAlgorithm` (``publishes == "resources"``): it decides which rollouts to run with
+which resources itself, through the :class:`RolloutSession` the Trainer hands it, one ``step`` at a
+time; the Trainer owns the services, ``metrics.jsonl``, the trackers, the progress bar and resume
+(a resumed run continues after the last step ``metrics.jsonl`` holds). It changes no weights, so it
+runs on the local engine and on an upstream alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from fulgor.adapters.trajectory import Trajectory
-from fulgor.types import JsonDict, RolloutMode
+from fulgor.types import JsonDict, Resource, Resources, RolloutMode
 
 if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
+    from fulgor.store.base import Store
+    from fulgor.training.rollouts import RolloutOutcome
 
-__all__ = ["Algorithm", "Publishes", "Updater", "missing_members"]
+__all__ = [
+    "Algorithm",
+    "Publishes",
+    "ResourceAlgorithm",
+    "RolloutSession",
+    "Updater",
+    "missing_members",
+]
 
-Publishes = Literal["weights", "nothing"]
+Publishes = Literal["weights", "nothing", "resources"]
 
 
 @runtime_checkable
@@ -104,12 +121,78 @@ class Algorithm(Protocol):
     def out_of_time(self, elapsed_seconds: float) -> bool: ...
 
 
+class RolloutSession(Protocol):
+    """What a :class:`ResourceAlgorithm` may ask of the Trainer while its services run."""
+
+    run_dir: Path
+    train: Sequence[Any]
+    val: Sequence[Any]
+    start_step: int
+    """The last step an earlier session finished (0 for a new run): ``step`` continues after it."""
+
+    @property
+    def store(self) -> Store:
+        """The run's store (where the algorithm may record rollouts of its own)."""
+        ...
+
+    async def run(
+        self,
+        tasks: Sequence[Any],
+        resources: Mapping[str, Resource],
+        mode: RolloutMode,
+        *,
+        step: int,
+        sampling_parameters: JsonDict | None = None,
+    ) -> list[RolloutOutcome]:
+        """One rollout of each task with ``resources`` (and the session's ``llm``, sampling as
+        given), all at once; their outcomes in order, once every call of theirs is stored."""
+        ...
+
+
+@runtime_checkable
+class ResourceAlgorithm(Protocol):
+    """An algorithm that publishes resources (prompts) instead of weights; see the module docstring."""
+
+    name: str
+    publishes: Literal["resources"]
+    max_steps: int
+
+    def hyperparameters(self) -> JsonDict: ...
+
+    def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
+        """How the ``llm`` resource samples outside the search (``dev``: "test", ``evaluate``: "val")."""
+        ...
+
+    def resources(self, run_dir: Path) -> Resources:
+        """What the agent runs with outside the search (``dev``, ``evaluate``, after ``fit``): the
+        best found in ``run_dir`` so far, or what the search starts from."""
+        ...
+
+    async def prepare(self, session: RolloutSession) -> None:
+        """Called once before the first step (a resumed run: after ``session.start_step``)."""
+        ...
+
+    async def step(self, session: RolloutSession, step: int) -> dict[str, float]:
+        """One step of the search; its metrics, logged with the step."""
+        ...
+
+    async def close(self) -> None:
+        """Called once after the last step, whatever happened (release what ``prepare`` started)."""
+        ...
+
+    def finished(self, elapsed_seconds: float) -> bool:
+        """True once the search should stop before ``max_steps`` (a budget used up)."""
+        ...
+
+
 def missing_members(algorithm: object) -> list[str]:
-    """The attributes and methods of :class:`Algorithm` that ``algorithm`` lacks, sorted."""
-    members = set(Algorithm.__annotations__)
+    """The attributes and methods that ``algorithm`` lacks, sorted: those of
+    :class:`ResourceAlgorithm` when it publishes resources, else those of :class:`Algorithm`."""
+    kind: type = ResourceAlgorithm if getattr(algorithm, "publishes", None) == "resources" else Algorithm
+    members = set(kind.__annotations__)
     members |= {
         name
-        for name, value in vars(Algorithm).items()
+        for name, value in vars(kind).items()
         if (callable(value) or isinstance(value, property)) and not name.startswith("_")
     }
     return sorted(name for name in members if not hasattr(algorithm, name))

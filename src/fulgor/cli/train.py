@@ -1,13 +1,16 @@
-"""``fulgor train``: train an existing agent's local model with GRPO or SFT, from the command line.
+"""``fulgor train``: train an existing agent's model with GRPO or SFT, or its prompts with APO.
 
 ``fulgor train --agent module:object --train tasks.jsonl --model DIR`` runs :class:`fulgor.Trainer`
 with :class:`fulgor.GRPO` (``--algorithm grpo``, the default) or :class:`fulgor.SFT` (``--algorithm
 sft``: the agent's own best rollouts by ``--min-reward`` / ``--top-k``, or a teacher run's with
-``--from-run DIR``); ``--dev`` runs the agent once on each task without training (the quickest
-check of an agent, its rewards and its token ids) and ``--evaluate`` measures the ``--val`` tasks
-with the newest weights of the run in ``--run-dir``. ``--upstream URL`` sends the agent's calls to an
-OpenAI-compatible server instead of a local model, for ``--dev`` and ``--evaluate`` (recording a
-teacher's rollouts, say): nothing trains there. Without ``--run-dir``, training and ``--dev``
+``--from-run DIR``) or :class:`fulgor.APO` (``--algorithm apo``: the prompts of ``--prompt
+NAME=FILE`` improved by the critic and editor at ``--optimizer-url``, on a local ``--model`` or
+an ``--upstream``; it prints the best prompts and where they are written). ``--dev`` runs the
+agent once on each task without training (the quickest check of an agent, its rewards and its
+token ids) and ``--evaluate`` measures the ``--val`` tasks with the newest weights (and, for
+APO, the best prompts) of the run in ``--run-dir``. ``--upstream URL`` sends the agent's calls to an
+OpenAI-compatible server instead of a local model, for ``--dev``, ``--evaluate`` (recording a
+teacher's rollouts, say) and APO: no weights train there. Without ``--run-dir``, training and ``--dev``
 start a new ``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it.
 Task files are JSON Lines, one task (any JSON value) per line.
 
@@ -37,20 +40,21 @@ from fulgor.errors import ConfigError, FulgorError
 
 if TYPE_CHECKING:
     from fulgor.agent.base import Runnable
-    from fulgor.algorithms.base import Algorithm
+    from fulgor.algorithms.base import Algorithm, ResourceAlgorithm
     from fulgor.training import Trainer
 
 __all__ = ["check_model_dir", "read_tasks", "register"]
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-ALGORITHMS = ("grpo", "sft")
+ALGORITHMS = ("grpo", "sft", "apo")
 _LEARNING_RATES = {"grpo": 3e-5, "sft": 1e-3}
+_STEPS = {"grpo": 100, "sft": 100, "apo": 3}
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train an agent's model with GRPO or SFT (or --dev / --evaluate it)",
+        help="train an agent's model with GRPO or SFT, or its prompts with APO (or --dev / --evaluate it)",
         description="Train the model behind an existing agent with GRPO or SFT: the agent runs "
         "unchanged, its model calls go through fulgor's gateway to a local engine, and each step "
         "updates the weights. Task files are JSON Lines: one task (any JSON value) per line.",
@@ -116,10 +120,13 @@ def register(subparsers: Any) -> None:
         "--algorithm",
         default="grpo",
         metavar="NAME",
-        help=f"the training algorithm: {' or '.join(ALGORITHMS)} (default grpo)",
+        help=f"the training algorithm: {', '.join(ALGORITHMS)} (default grpo)",
     )
     grpo.add_argument(
-        "--steps", type=positive_int, default=100, metavar="N", help="training steps (default 100)"
+        "--steps",
+        type=positive_int,
+        metavar="N",
+        help="training steps (default 100; APO: 3 rounds of search)",
     )
     grpo.add_argument(
         "--max-seconds",
@@ -184,6 +191,7 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="teacher transcripts per step with --from-run (default 32)",
     )
+    _add_apo_arguments(parser)
     system = parser.add_argument_group("system")
     system.add_argument(
         "--n-runners", type=positive_int, default=2, metavar="N", help="runner processes (default 2)"
@@ -210,6 +218,50 @@ def register(subparsers: Any) -> None:
         "the others as training goes (default 2; 0 keeps every one)",
     )
     parser.set_defaults(handler=_run)
+
+
+def _add_apo_arguments(parser: argparse.ArgumentParser) -> None:
+    apo = parser.add_argument_group("APO (--algorithm apo): prompt optimisation")
+    apo.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        type=_prompt_entry,
+        metavar="NAME=FILE",
+        help="a prompt to optimise: the agent's parameter NAME gets the template in FILE (repeat for "
+        "several; a .j2 or .jinja file is a jinja2 template, any other a str.format one)",
+    )
+    apo.add_argument("--optimizer-url", metavar="URL", help="the critic's and editor's OpenAI base URL")
+    apo.add_argument("--optimizer-model", metavar="NAME", help="the critic's and editor's model")
+    apo.add_argument(
+        "--optimizer-key-env", metavar="VAR", help="the environment variable holding the optimiser's API key"
+    )
+    apo.add_argument("--critic-model", metavar="NAME", help="the critic's model, when not --optimizer-model")
+    apo.add_argument("--editor-model", metavar="NAME", help="the editor's model, when not --optimizer-model")
+    apo.add_argument(
+        "--search", choices=("beam", "pareto"), default="beam", help="beam (default) or pareto (GEPA)"
+    )
+    for flag, default, what in (
+        ("--beam-width", 4, "candidates the beam keeps"),
+        ("--branch-factor", 4, "proposals from each beam parent per round"),
+        ("--proposals", 4, "proposals per round with --search pareto"),
+        ("--gradient-batch-size", 4, "training tasks the critic sees per proposal"),
+        ("--val-batch-size", 16, "validation tasks that rank the beam each round"),
+    ):
+        apo.add_argument(
+            flag, type=positive_int, default=default, metavar="N", help=f"{what} (default {default})"
+        )
+    apo.add_argument("--max-rollouts", type=positive_int, metavar="N", help="stop once N rollouts are used")
+    apo.add_argument(
+        "--max-optimizer-calls", type=positive_int, metavar="N", help="stop once N optimiser calls are used"
+    )
+
+
+def _prompt_entry(text: str) -> tuple[str, Path]:
+    name, equals, path = text.partition("=")
+    if not equals or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=FILE, e.g. prompt_template=prompt.txt")
+    return name, Path(path)
 
 
 @dataclass(frozen=True)
@@ -301,7 +353,7 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
             "pass --model DIR (a local model to train) or --upstream URL (a server to --dev or "
             "--evaluate against), one of them"
         )
-    if args.upstream is not None and not (args.dev or args.evaluate):
+    if args.upstream is not None and not (args.dev or args.evaluate) and args.algorithm != "apo":
         raise ConfigError(
             f"--algorithm {args.algorithm} changes the model's weights, and --upstream {args.upstream} is "
             "a server fulgor does not own, whose weights it cannot change; train a local model with "
@@ -343,6 +395,9 @@ def _check_algorithm_options(args: argparse.Namespace) -> None:
     """An algorithm that exists, with the options it takes."""
     if args.algorithm not in ALGORITHMS:
         raise ConfigError(f"--algorithm {args.algorithm} does not exist; pass one of {', '.join(ALGORITHMS)}")
+    if args.algorithm == "apo":
+        _check_apo_options(args)
+        return
     sft_only = [
         name
         for name, value in (
@@ -374,6 +429,50 @@ def _check_algorithm_options(args: argparse.Namespace) -> None:
             f"--from-run {args.from_run} holds no store.sqlite; pass the --run-dir of a run that recorded "
             "the teacher's rollouts (fulgor train --dev --upstream URL, say)"
         )
+
+
+def _check_apo_options(args: argparse.Namespace) -> None:
+    """Prompts to optimise, and (for training) an optimiser and validation tasks."""
+    if not args.prompt:
+        raise ConfigError(
+            "--algorithm apo optimises the prompts of --prompt NAME=FILE (NAME: the agent's parameter "
+            "that takes the prompt); pass at least one"
+        )
+    names = [name for name, _ in args.prompt]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--prompt names a prompt twice ({', '.join(names)}); name each once")
+    if args.dev or args.evaluate:
+        return
+    if args.optimizer_url is None or (
+        args.optimizer_model is None and None in (args.critic_model, args.editor_model)
+    ):
+        raise ConfigError(
+            "--algorithm apo needs its critic and editor: --optimizer-url URL (any OpenAI-compatible "
+            "server) and --optimizer-model NAME (or --critic-model and --editor-model)"
+        )
+    if args.optimizer_key_env is not None and not os.environ.get(args.optimizer_key_env):
+        raise ConfigError(
+            f"--optimizer-key-env {args.optimizer_key_env}: that environment variable is not set; "
+            "export the optimiser's API key in it"
+        )
+    if args.val is None:
+        raise ConfigError("--algorithm apo scores its candidate prompts on --val FILE; pass --val")
+
+
+def _read_prompts(entries: Sequence[tuple[str, Path]]) -> dict[str, Any]:
+    from fulgor.types import PromptTemplate
+
+    prompts = {}
+    for name, path in entries:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(
+                f"--prompt {name}={path}: cannot read it ({error}); pass a UTF-8 text file"
+            ) from None
+        engine = "jinja" if path.suffix in (".j2", ".jinja", ".jinja2") else "f-string"
+        prompts[name] = PromptTemplate(template=text.rstrip("\n"), engine=engine)
+    return prompts
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -456,15 +555,17 @@ def _require_extras(*, torch: bool) -> None:
         importlib.import_module(module)
 
 
-def _algorithm(args: argparse.Namespace) -> Algorithm:
+def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
     from fulgor import GRPO, SFT
     from fulgor.algorithms.grpo import GRPOConfig
     from fulgor.algorithms.sft import SFTConfig
 
+    if args.algorithm == "apo":
+        return _apo(args)
     common = {
         "group_size": args.group_size,
         "batch_tasks": args.batch_tasks,
-        "max_steps": args.steps,
+        "max_steps": args.steps or _STEPS[args.algorithm],
         "max_seconds": args.max_seconds,
         "val_every": args.val_every,
         "temperature": args.temperature,
@@ -483,6 +584,34 @@ def _algorithm(args: argparse.Namespace) -> Algorithm:
         from_run=args.from_run,
         batch_size=args.batch_size,
         config=SFTConfig(learning_rate=learning_rate),
+    )
+
+
+def _apo(args: argparse.Namespace) -> ResourceAlgorithm:
+    from fulgor import APO, LLM
+
+    critic = editor = None
+    if args.optimizer_url is not None:
+        key = os.environ[args.optimizer_key_env] if args.optimizer_key_env else None
+        url, model = args.optimizer_url, args.optimizer_model
+        critic = LLM(endpoint=url, model=args.critic_model or model, api_key=key)
+        editor = LLM(endpoint=url, model=args.editor_model or model, api_key=key)
+    return APO(
+        prompts=_read_prompts(args.prompt),
+        critic=critic,
+        editor=editor,
+        search=args.search,
+        beam_width=args.beam_width,
+        branch_factor=args.branch_factor,
+        proposals_per_step=args.proposals,
+        max_steps=args.steps or _STEPS["apo"],
+        gradient_batch_size=args.gradient_batch_size,
+        val_batch_size=args.val_batch_size,
+        max_rollouts=args.max_rollouts,
+        max_optimizer_calls=args.max_optimizer_calls,
+        max_seconds=args.max_seconds,
+        temperature=args.temperature,
+        seed=args.seed,
     )
 
 
@@ -582,10 +711,22 @@ def _fit(trainer: Trainer, agent: Runnable, job: _Job, agent_spec: str) -> int:
         write_run_report(job.run_dir, title=f"fulgor train {agent_spec}")
     except ConfigError as error:  # matplotlib missing: the metrics are all there, the PNG is not
         print(f"warning: no report.html: {error.message}", file=sys.stderr)
+    best = job.run_dir / "apo" / "best.json"
+    if best.is_file():
+        _print_best_prompts(best)
     print()
     _print_where(job.run_dir, tuple(_PATHS))
     print(f"\n  continue: the same command with --run-dir {job.run_dir} and a larger --steps")
     return 0
+
+
+def _print_best_prompts(best: Path) -> None:
+    """The best prompts of a prompt search, each with the file that holds it."""
+    summary = json.loads(best.read_text())
+    score = "-" if summary.get("score") is None else f"{summary['score']:.3f}"
+    print(f"\nbest prompts (candidate {summary['id']}, validation score {score}):")
+    for name, prompt in summary["prompts"].items():
+        print(f"\n--- {name}: {best.parent / 'best' / f'{name}.txt'}\n{prompt['template']}")
 
 
 # What a run directory holds, as the trainer and the run report lay it out.
@@ -595,6 +736,7 @@ _PATHS = {
     "metrics per step": "metrics.jsonl",
     "store (rollouts, spans)": "store.sqlite",
     "checkpoints": "checkpoints",
+    "prompt search history": "apo/candidates.json",
     "runner log": "logs/runners.log",
 }
 

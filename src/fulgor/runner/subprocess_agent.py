@@ -9,7 +9,10 @@ The program learns everything from its environment (docs/architecture.md, "Zero-
 ``ANTHROPIC_BASE_URL`` the same URL without the trailing ``/v1`` (the Anthropic SDK appends it)
 ``FULGOR_BASE_URL``    the same URL without ``/v1``: the rollout's root on the gateway
 ``FULGOR_MODEL``       the ``llm`` resource's model name
-``FULGOR_REWARD_URL``  ``POST {"value": 1.0}`` here (or ``{"values": {...}, "primary": ...}``)
+``FULGOR_REWARD_URL``  ``POST {"value": 1.0}`` here (or ``{"values": {...}, "primary": ...}``;
+                       either with ``"feedback": "..."``, the task's own words on the rollout)
+``FULGOR_RESOURCES``   every resource of the rollout as JSON, by name (a prompt template's
+                       text is ``["NAME"]["template"]``)
 ``FULGOR_ROLLOUT_ID``  the rollout id (``FULGOR_ATTEMPT_ID`` the attempt id)
 ``FULGOR_TASK``        the task input as JSON; left out when longer than 128 KiB (Linux refuses
                        a longer variable), so a program that may get large tasks reads the file
@@ -141,6 +144,7 @@ class SubprocessAgent:
                 FULGOR_MODEL=llm.model,
             )
         env.update(
+            FULGOR_RESOURCES=json.dumps({name: r.model_dump(mode="json") for name, r in resources.items()}),
             FULGOR_REWARD_URL=reward_url,
             FULGOR_ROLLOUT_ID=context.rollout_id,
             FULGOR_ATTEMPT_ID=context.attempt_id,
@@ -258,7 +262,7 @@ class _RewardEndpoint:
             data = json.loads(body)
             value = data["values"] if "values" in data else data["value"]
             with use_context(context):
-                reward = emit_reward(value, primary=data.get("primary"))
+                reward = emit_reward(value, primary=data.get("primary"), feedback=data.get("feedback"))
         # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError); RecursionError: absurd nesting.
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return error_reply(

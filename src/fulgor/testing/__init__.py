@@ -1,4 +1,5 @@
-"""Fakes shipped with fulgor for tests and benchmarks: a scripted OpenAI-compatible server."""
+"""Fakes shipped with fulgor for tests and benchmarks: a scripted OpenAI-compatible server, and
+simulated models of the rooms example's agent and prompt optimiser that answer through it."""
 
 from __future__ import annotations
 
@@ -9,5 +10,21 @@ from fulgor.testing.openai_server import (
     ScriptedToolCall,
     encode,
 )
+from fulgor.testing.rooms import (
+    RoomsModel,
+    RoomsOptimizer,
+    simulated_optimizer,
+    simulated_rooms_model,
+)
 
-__all__ = ["Sample", "ScriptedOpenAIServer", "ScriptedReply", "ScriptedToolCall", "encode"]
+__all__ = [
+    "RoomsModel",
+    "RoomsOptimizer",
+    "Sample",
+    "ScriptedOpenAIServer",
+    "ScriptedReply",
+    "ScriptedToolCall",
+    "encode",
+    "simulated_optimizer",
+    "simulated_rooms_model",
+]

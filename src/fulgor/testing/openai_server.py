@@ -9,6 +9,8 @@ character to its code point, so ids are deterministic, and every choice it sampl
 :attr:`ScriptedOpenAIServer.samples`, so a test can compare what was recorded with what was sampled.
 
 It answers in microseconds, which also makes it the "instant upstream" of the gateway benchmark.
+Replies come from a queue (``script``), then from a ``responder`` (a function of the request body,
+for a simulated model whose answer depends on what it is asked), then from ``default_reply``.
 It runs on the caller's event loop (``async with``) or on a thread of its own (``with``).
 """
 
@@ -22,7 +24,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +95,7 @@ class ScriptedOpenAIServer:
         replies: Sequence[ScriptedReply] = (),
         *,
         default_reply: ScriptedReply | None = None,
+        responder: Callable[[JsonDict], ScriptedReply] | None = None,
         supports_token_ids: bool = True,
         model: str = "scripted-model",
         model_version: int | None = None,
@@ -103,6 +106,7 @@ class ScriptedOpenAIServer:
     ) -> None:
         self.replies: deque[ScriptedReply] = deque(replies)
         self.default_reply = default_reply or ScriptedReply()
+        self.responder = responder
         self.supports_token_ids = supports_token_ids
         self.model = model
         self.model_version = model_version
@@ -221,8 +225,13 @@ class ScriptedOpenAIServer:
             await asyncio.sleep(0.01)
         return False
 
-    def _next_reply(self) -> ScriptedReply:
-        return self.replies.popleft() if self.replies else self.default_reply
+    def _next_reply(self, body: JsonDict) -> ScriptedReply:
+        """The next queued reply; else the responder's answer to ``body``; else the default."""
+        if self.replies:
+            return self.replies.popleft()
+        if self.responder is not None:
+            return self.responder(body)
+        return self.default_reply
 
     def _sample(self, endpoint: str, prompt_ids: list[int], reply: ScriptedReply) -> Sample:
         ids = encode(reply.raw_text())
@@ -245,7 +254,7 @@ class ScriptedOpenAIServer:
 
     def _chat(self, body: JsonDict, request: HttpRequest) -> HttpReply:
         prompt_ids = encode(render_chat_prompt(body))
-        replies = [self._next_reply() for _ in range(int(body.get("n") or 1))]
+        replies = [self._next_reply(body) for _ in range(int(body.get("n") or 1))]
         samples = [self._sample("chat", prompt_ids, reply) for reply in replies]
         if body.get("stream"):
             return _sse(self._chat_stream(body, request, replies, samples))
@@ -318,7 +327,7 @@ class ScriptedOpenAIServer:
     def _completions(self, body: JsonDict, request: HttpRequest) -> HttpReply:
         prompts = _prompts(body.get("prompt", ""))
         per_prompt = int(body.get("n") or 1)
-        replies = [self._next_reply() for _ in prompts for _ in range(per_prompt)]
+        replies = [self._next_reply(body) for _ in prompts for _ in range(per_prompt)]
         samples = [
             self._sample("completions", prompts[i // per_prompt], reply) for i, reply in enumerate(replies)
         ]

@@ -3,7 +3,8 @@
 ``write_run_report(run_dir)`` reads ``metrics.jsonl`` (one JSON object per step, as the trainer
 writes it) and writes ``curves.png`` (training reward, validation accuracy and tool-call rates by
 step) and ``report.html`` (a summary, the curves, every step's metrics, and notes the caller adds,
-such as the model's accuracy before training). ``text_curve`` renders the same curves for a
+such as the model's accuracy before training; a prompt search's candidates and their diffs, from
+``apo/candidates.json``). ``text_curve`` renders the same curves for a
 terminal. The PNG needs matplotlib (``pip install 'fulgor[report]'``); the HTML embeds it, so the
 report is one file to open or send.
 """
@@ -27,6 +28,12 @@ _COLUMNS = (
     "step",
     "reward_mean",
     "val_accuracy",
+    "best_score",
+    "candidates",
+    "candidates_rejected",
+    "rollouts",
+    "rollouts_total",
+    "optimizer_calls_total",
     "tool_call_rate",
     "val_tool_call_rate",
     "loss",
@@ -42,6 +49,7 @@ _COLUMNS = (
 _CURVES = (
     ("reward_mean", "training reward"),
     ("val_accuracy", "validation accuracy"),
+    ("best_score", "best prompts' validation score"),
     ("tool_call_rate", "tool-call rate (training)"),
     ("val_tool_call_rate", "tool-call rate (validation)"),
 )
@@ -74,7 +82,13 @@ def write_run_report(
     png = run_dir / "curves.png"
     _plot(history, png, title or run_dir.name)
     page = run_dir / "report.html"
-    page.write_text(_html(history, png, title or f"fulgor run {run_dir.name}", dict(notes or {})))
+    extra = ""
+    candidates = run_dir / "apo" / "candidates.json"
+    if candidates.is_file():
+        from fulgor.algorithms.apo.report import candidates_html
+
+        extra = candidates_html(json.loads(candidates.read_text()))
+    page.write_text(_html(history, png, title or f"fulgor run {run_dir.name}", dict(notes or {}), extra))
     return page
 
 
@@ -89,7 +103,7 @@ def text_curve(history: Sequence[Mapping[str, Any]], width: int = 40) -> str:
     """
     lines = ["step  reward  val acc  tools"]
     for metrics in history:
-        accuracy = metrics.get("val_accuracy")
+        accuracy = metrics.get("val_accuracy", metrics.get("best_score"))  # a prompt search's best
         if accuracy is None and metrics.get("reward_mean") is None:
             continue
         tools = metrics.get("val_tool_call_rate", metrics.get("tool_call_rate"))
@@ -130,7 +144,9 @@ def _plot(history: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
         pyplot.close(figure)
 
 
-def _html(history: Sequence[Mapping[str, Any]], png: Path, title: str, notes: dict[str, Any]) -> str:
+def _html(
+    history: Sequence[Mapping[str, Any]], png: Path, title: str, notes: dict[str, Any], extra: str = ""
+) -> str:
     columns = [c for c in _COLUMNS if any(c in m for m in history)]
     drift = sorted({k for m in history for k in m if k.startswith("drift/")})
     summary = _summary(history)
@@ -151,6 +167,9 @@ table {{ border-collapse: collapse; font-size: 0.85rem; }}
 th, td {{ border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: right; }}
 th {{ background: #f3f3f3; }}
 .facts th {{ text-align: left; }}
+.candidate {{ border-top: 1px solid #ddd; margin: 0.6rem 0; }}
+ins {{ color: #14632b; text-decoration: none; }} del {{ color: #a31515; }}
+.reason {{ color: #a31515; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <table class="facts">
@@ -164,6 +183,7 @@ th {{ background: #f3f3f3; }}
 <table><thead><tr>{head}</tr></thead><tbody>
 {rows}
 </tbody></table>
+{extra}
 </body></html>
 """
 
@@ -172,6 +192,9 @@ def _summary(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     trained = [m for m in history if m.get("step", 0) > 0]
     validated = [m for m in history if _finite(m.get("val_accuracy"))]
     summary: dict[str, Any] = {"training steps": len(trained)}
+    searched = [m for m in history if _finite(m.get("best_score"))]
+    if searched:
+        summary["best prompts' validation score"] = searched[-1]["best_score"]
     if validated:
         summary["validation accuracy, first"] = validated[0]["val_accuracy"]
         summary["validation accuracy, last"] = validated[-1]["val_accuracy"]

@@ -15,6 +15,8 @@ nothing.
 What it does not know: how an agent talks to its model (the gateway URL is all it gets), or which
 algorithm it runs: it asks an :class:`~fulgor.algorithms.base.Algorithm` (GRPO and SFT are two)
 which tasks to run, which trajectories to learn from, how to update the weights and when to stop.
+An algorithm that publishes resources (APO: prompts) runs its own search through a
+:class:`~fulgor.training.session.TrainerSession` instead, one ``step`` at a time (``_search``).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args
 
 from fulgor.agent.base import Runnable
-from fulgor.algorithms.base import Algorithm, Publishes, Updater, missing_members
+from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
 from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
@@ -57,6 +59,7 @@ from fulgor.training.reports import (
 from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
 from fulgor.training.run_report import read_metrics
 from fulgor.training.services import Services, open_run_store, start_services
+from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
 
@@ -111,7 +114,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        algorithm: Algorithm,
+        algorithm: Algorithm | ResourceAlgorithm,
         engine: EngineConfig | None = None,
         upstream: str | Upstream | None = None,
         api_key: str | None = None,
@@ -160,6 +163,16 @@ class Trainer:
     def checkpoints_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    @property
+    def _algorithm(self) -> Algorithm:
+        """The algorithm as a step algorithm (what publishes weights or nothing); the training loop
+        of a :class:`ResourceAlgorithm` is ``_search``."""
+        return cast(Algorithm, self.algorithm)
+
+    def _search_algorithm(self) -> ResourceAlgorithm | None:
+        algorithm = self.algorithm
+        return cast(ResourceAlgorithm, algorithm) if algorithm.publishes == "resources" else None
+
     # -- public entry points ------------------------------------------------------------------------
 
     def fit(
@@ -169,7 +182,7 @@ class Trainer:
         returns the metrics of each step run."""
         if not train_dataset:
             raise ConfigError("the training dataset is empty; pass at least one task")
-        if self.upstream is not None and self.algorithm.publishes == "weights":
+        if self.upstream is not None and self._algorithm.publishes == "weights":
             kind = type(self.algorithm).__name__
             raise ConfigError(
                 f"{kind} changes the model's weights, and the upstream {self.upstream.url} is a server "
@@ -177,7 +190,18 @@ class Trainer:
                 "Trainer(engine=EngineConfig(model=DIR)), or use dev/evaluate (or an algorithm that "
                 "publishes nothing) with the upstream"
             )
-        return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
+        search = self._search_algorithm()
+        if search is None:
+            return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
+        problem = agent_prompt_problem(agent, search.resources(self.run_dir))
+        if problem is not None:
+            raise ConfigError(problem)
+        if not val_dataset:
+            raise ConfigError(
+                f"{type(search).__name__} scores its candidates on the validation dataset; pass "
+                "val_dataset (tasks apart from the training ones)"
+            )
+        return _run_blocking(self._search(search, agent, list(train_dataset), list(val_dataset)))
 
     def dev(self, agent: Runnable, dataset: Sequence[Any]) -> DevReport:
         """Run ``agent`` once on each task through the whole system, without training.
@@ -204,40 +228,40 @@ class Trainer:
     async def _fit(self, agent: Runnable, train: list[Any], val: list[Any]) -> list[dict[str, Any]]:
         start_step, model_dir = self._starting_point(training=True)
         log = MetricsLog(self.run_dir / "metrics.jsonl")
-        if start_step >= self.algorithm.max_steps:
+        if start_step >= self._algorithm.max_steps:
             logger.info("%s already holds all %d steps; nothing to train", self.run_dir, start_step)
             return log.history
-        if self.algorithm.out_of_time(log.elapsed_seconds()):
+        if self._algorithm.out_of_time(log.elapsed_seconds()):
             seconds = log.elapsed_seconds()
             logger.info("%s already used its time budget (%.0fs); nothing to train", self.run_dir, seconds)
             return log.history
         with (
-            start_tracking(self.trackers, self.run_dir, self.algorithm.hyperparameters()) as track,
-            ProgressBar(start_step, self.algorithm.max_steps, enabled=self.progress) as progress,
+            start_tracking(self.trackers, self.run_dir, self._algorithm.hyperparameters()) as track,
+            ProgressBar(start_step, self._algorithm.max_steps, enabled=self.progress) as progress,
         ):
             async with (
                 self.start_services(agent, model_dir, start_step) as services,
                 Collector(functools.partial(self.collect_rollouts, services, train)) as collector,
             ):
                 trainable = None
-                if self.algorithm.publishes == "weights":
+                if self._algorithm.publishes == "weights":
                     assert model_dir is not None  # a local engine: fit refuses weights on an upstream
                     trainable = await asyncio.to_thread(self._trainable, model_dir, start_step)
-                await self.algorithm.prepare(None if trainable is None else trainable[0])
+                await self._algorithm.prepare(None if trainable is None else trainable[0])
                 resources = await self.put_resources(services)
-                if val and start_step == 0 and self.algorithm.val_before_training:
+                if val and start_step == 0 and self._algorithm.val_before_training:
                     before = await self.validate(services, val, resources)
                     log.write({"step": 0, "model_version": services.model_version, **before})
                     track(log.history[-1])
                     progress.update(log.history[-1])
-                for step in range(start_step + 1, self.algorithm.max_steps + 1):
+                for step in range(start_step + 1, self._algorithm.max_steps + 1):
                     rollouts, timer = await collector.take(step, resources)  # collected ahead, or now
                     with timer("build_trajectories"):
                         outcomes = await self.build_trajectories(services, rollouts)
-                    last = step == self.algorithm.max_steps or self.algorithm.out_of_time(
+                    last = step == self._algorithm.max_steps or self._algorithm.out_of_time(
                         log.elapsed_seconds()
                     )
-                    if self.algorithm.async_rollouts and not last:
+                    if self._algorithm.async_rollouts and not last:
                         collector.start(step + 1, resources)  # runs while this step trains
                     update: dict[str, float] = {}
                     if trainable is not None:
@@ -247,9 +271,9 @@ class Trainer:
                             update = await self.update_policy(updater, outcomes, version)
                         with timer("publish_weights"):
                             resources = await self.publish_weights(services, policy, updater, step)
-                    out_of_time = self.algorithm.out_of_time(log.elapsed_seconds())
+                    out_of_time = self._algorithm.out_of_time(log.elapsed_seconds())
                     validation: dict[str, float] = {}
-                    if val and (self.algorithm.validates_at(step) or out_of_time):
+                    if val and (self._algorithm.validates_at(step) or out_of_time):
                         with timer("validate"):
                             validation = await self.validate(services, val, resources)
                     self.log_metrics(log, step, services, outcomes, update, validation, timer)
@@ -260,6 +284,70 @@ class Trainer:
                         logger.info("step %d: the run's time budget is used up; stopping", step)
                         break
         return log.history
+
+    async def _search(
+        self, search: ResourceAlgorithm, agent: Runnable, train: list[Any], val: list[Any]
+    ) -> list[dict[str, Any]]:
+        """The loop of an algorithm that publishes resources: ``step`` after ``step`` on the services,
+        each step's metrics logged; a resumed run continues after the last step logged."""
+        start_step = self._steps_logged()
+        log = MetricsLog(self.run_dir / "metrics.jsonl")
+        if start_step >= search.max_steps or search.finished(log.elapsed_seconds()):
+            logger.info(
+                "%s already holds %d steps of %s; nothing to do", self.run_dir, start_step, search.name
+            )
+            return log.history
+        _, model_dir = self._starting_point(training=False)
+        with (
+            start_tracking(self.trackers, self.run_dir, search.hyperparameters()) as track,
+            ProgressBar(start_step, search.max_steps, enabled=self.progress) as progress,
+        ):
+            async with self.start_services(agent, model_dir, 0) as services:
+                session = TrainerSession(
+                    services,
+                    self.build_trajectories,
+                    self.rollout_config,
+                    self.run_dir,
+                    train,
+                    val,
+                    start_step,
+                )
+                await search.prepare(session)
+                try:
+                    for step in range(start_step + 1, search.max_steps + 1):
+                        before = session.rollouts_run
+                        metrics = await search.step(session, step)
+                        log.write(
+                            {
+                                "step": step,
+                                "model_version": services.model_version,
+                                "rollouts": session.rollouts_run - before,
+                                **metrics,
+                                "elapsed_seconds": round(log.elapsed_seconds(), 3),
+                            }
+                        )
+                        track(log.history[-1])
+                        progress.update(log.history[-1])
+                        if search.finished(log.elapsed_seconds()):
+                            logger.info("step %d: %s used up its budget; stopping", step, search.name)
+                            break
+                finally:
+                    await search.close()
+        return log.history
+
+    def _steps_logged(self) -> int:
+        """The last step ``metrics.jsonl`` holds (0 when none); a ConfigError when there is one and
+        ``resume`` is off."""
+        if not (self.run_dir / "metrics.jsonl").is_file():
+            return 0
+        steps = [int(m["step"]) for m in read_metrics(self.run_dir) if isinstance(m.get("step"), int)]
+        last = max(steps, default=0)
+        if last and not self.resume:
+            raise ConfigError(
+                f"{self.run_dir} already holds steps up to {last}; pick a new run_dir or pass "
+                "resume=True to continue that run"
+            )
+        return last
 
     async def _dev(self, agent: Runnable, dataset: list[Any]) -> DevReport:
         start_step, model_dir = self._starting_point(training=False)
@@ -320,19 +408,22 @@ class Trainer:
             yield services
 
     async def put_resources(self, services: Services) -> ResourceIds:
-        """Publish the ``llm`` resource (gateway, model name, sampling) for validation, then training.
+        """Publish the ``llm`` resource (gateway, model name, sampling) for validation, then training;
+        with an algorithm that publishes resources, the resources it found best beside it.
 
         Training's goes last so that it is the latest version, the one rollouts without a
         ``resources_id`` run with.
         """
         ids: dict[RolloutMode, str] = {}
+        search = self._search_algorithm()
+        extra = {} if search is None else search.resources(self.run_dir)
         for mode in ("val", "train"):
             llm = LLM(
                 endpoint=f"{services.server_url}/v1",
                 model=services.model_name,
                 sampling_parameters=self.algorithm.sampling_parameters(mode),
             )
-            version = await services.store.put_resources({"llm": llm})
+            version = await services.store.put_resources({"llm": llm, **extra})
             ids[mode] = version.resources_id
         return ResourceIds(train=ids["train"], val=ids["val"])
 
@@ -341,10 +432,10 @@ class Trainer:
     ) -> list[Rollout]:
         """Run ``group_size`` rollouts of each of the step's tasks (one group per task) to the end."""
         requests = []
-        for task in self.algorithm.step_tasks(train, step):
+        for task in self._algorithm.step_tasks(train, step):
             group_id = f"step-{step}-{uuid.uuid4().hex[:12]}"
             request = self._request(task, "train", resources.train, group_id=group_id, step=step)
-            requests += [request] * self.algorithm.group_size
+            requests += [request] * self._algorithm.group_size
         return await run_rollouts(services.store, requests, services.runners)
 
     async def build_trajectories(self, services: Services, rollouts: list[Rollout]) -> list[RolloutOutcome]:
@@ -354,12 +445,15 @@ class Trainer:
         rollouts is stored (other rollouts may be running meanwhile).
         """
         await services.settle_calls([rollout.rollout_id for rollout in rollouts])
+        steps = self._search_algorithm() is None  # an algorithm of resources reads every call whole
+        agent_match = self._algorithm.agent_match if steps else None
+        max_tokens = self._algorithm.max_trajectory_tokens if steps else None
         return [
             await read_outcome(
                 services.store,
                 rollout,
-                agent_match=self.algorithm.agent_match,
-                max_tokens=self.algorithm.max_trajectory_tokens,
+                agent_match=agent_match,
+                max_tokens=max_tokens,
                 spans_lost=services.gateway.spans_lost(rollout.rollout_id),
             )
             for rollout in rollouts
@@ -376,12 +470,12 @@ class Trainer:
         drops trajectories too many versions behind it, counted as ``rollouts_stale``).
         """
         trajectories = [o.trajectory for o in outcomes if o.trajectory is not None]
-        trajectories, counts = self.algorithm.select(trajectories, policy_version)
+        trajectories, counts = self._algorithm.select(trajectories, policy_version)
         if not trajectories:
             logger.warning("no trajectory of this step was selected to learn from; no update")
             return {**counts, "update_skipped": 1.0}
         metrics = await asyncio.to_thread(updater.step, trajectories)
-        names = self.algorithm.metric_names
+        names = self._algorithm.metric_names
         return {**{name: metrics[key] for key, name in names.items() if key in metrics}, **counts}
 
     async def publish_weights(
@@ -395,7 +489,7 @@ class Trainer:
 
         checkpoint = await asyncio.to_thread(save)
         # Async: rollouts of the next step are running; they wait for the swap instead of retrying.
-        version = await services.swap_weights(str(checkpoint), pause=not self.algorithm.async_rollouts)
+        version = await services.swap_weights(str(checkpoint), pause=not self._algorithm.async_rollouts)
         logger.info("step %d: the engine serves %s as model version %d", step, checkpoint, version)
         return await self.put_resources(services)
 
@@ -497,7 +591,7 @@ class Trainer:
                 "or pass resume=True to continue that run"
             )
         adapter = checkpoint_kind(latest[1]) == "lora"
-        if adapter != (self.algorithm.lora is not None):
+        if adapter != (self._algorithm.lora is not None):
             kind = type(self.algorithm).__name__
             fix = f"{kind}(lora=LoraConfig(...))" if adapter else f"{kind}(lora=None)"
             raise ConfigError(
@@ -513,12 +607,12 @@ class Trainer:
         starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
         continues with the state saved with it."""
         assert self.engine is not None
-        policy = load_policy(model_dir, self.engine.device, self.algorithm.lora)
+        policy = load_policy(model_dir, self.engine.device, self._algorithm.lora)
         reference = None
-        if self.algorithm.needs_reference_model:
+        if self._algorithm.needs_reference_model:
             reference = load_policy(self.engine.model, self.engine.device).model.eval()
             reference.requires_grad_(False)
-        updater = self.algorithm.updater(policy.model, reference)
+        updater = self._algorithm.updater(policy.model, reference)
         if step > 0:
             state = load_training_state(model_dir)
             if state is None:
