@@ -47,17 +47,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from fulgor.adapters.trajectory import Trajectory
-from fulgor.types import JsonDict, Resource, Resources, RolloutMode
+from fulgor.types import LLM, JsonDict, Resource, Resources, Rollout, RolloutMode
 
 if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
     from fulgor.store.base import Store
-    from fulgor.training.rollouts import RolloutOutcome
 
 __all__ = [
     "Algorithm",
     "Publishes",
+    "RecordingGateway",
     "ResourceAlgorithm",
+    "RolloutResult",
     "RolloutSession",
     "Updater",
     "missing_members",
@@ -121,6 +122,32 @@ class Algorithm(Protocol):
     def out_of_time(self, elapsed_seconds: float) -> bool: ...
 
 
+class RolloutResult(Protocol):
+    """An ended rollout and its reward (None when it emitted none)."""
+
+    @property
+    def rollout(self) -> Rollout: ...
+
+    @property
+    def reward(self) -> float | None: ...
+
+
+class RecordingGateway(Protocol):
+    """A gateway of the run's store in front of one model: each call made at ``base_url`` of a
+    rollout's attempt (with ``api_key``) is recorded under that attempt like an agent's call."""
+
+    @property
+    def api_key(self) -> str: ...
+
+    def base_url(self, rollout_id: str, attempt_id: str) -> str:
+        """The OpenAI base URL (ending in ``/v1``) of one attempt."""
+        ...
+
+    async def settle(self, rollout_id: str) -> None:
+        """Return once every call of ``rollout_id`` is in the store."""
+        ...
+
+
 class RolloutSession(Protocol):
     """What a :class:`ResourceAlgorithm` may ask of the Trainer while its services run."""
 
@@ -143,9 +170,15 @@ class RolloutSession(Protocol):
         *,
         step: int,
         sampling_parameters: JsonDict | None = None,
-    ) -> list[RolloutOutcome]:
+    ) -> Sequence[RolloutResult]:
         """One rollout of each task with ``resources`` (and the session's ``llm``, sampling as
         given), all at once; their outcomes in order, once every call of theirs is stored."""
+        ...
+
+    async def gateway_to(self, llm: LLM, *, timeout_seconds: float = 600.0) -> RecordingGateway:
+        """A gateway of the run's store whose upstream is ``llm.endpoint`` (with its key, asked for
+        no token ids), serving until the session ends: how an algorithm's own model calls (a
+        critic's) are recorded like the agent's. It gives up on a call after ``timeout_seconds``."""
         ...
 
 

@@ -5,14 +5,16 @@ algorithm names the tasks and the resources (its candidate prompts); the session
 with the session's ``llm`` (the gateway, the model name, the sampling asked for) as a resources
 version, so that every rollout records exactly what it ran with, runs one rollout per task on the
 runners and reads each rollout's outcome once its calls are stored. A resources set already
-published in this session is not published again. ``agent_prompt_problem`` finds a prompt an agent
-could never receive, before anything runs.
+published in this session is not published again. ``gateway_to`` serves a gateway of the run's
+store in front of another model (an algorithm's critic), one per endpoint, until the session ends.
+``agent_prompt_problem`` finds a prompt an agent could never receive, before anything runs.
 
 What it does not know: which resources are better, or why they were asked for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fulgor.agent.base import Agent, RolloutFunction, Runnable
+from fulgor.credentials import new_operator_key
+from fulgor.runner.worker import gateway_base_url
 from fulgor.store.base import Store
 from fulgor.training.rollouts import RolloutOutcome, run_rollouts
 from fulgor.types import (
@@ -35,6 +39,7 @@ from fulgor.types import (
 )
 
 if TYPE_CHECKING:
+    from fulgor.gateway import Gateway
     from fulgor.training.services import Services
 
 __all__ = ["TrainerSession", "agent_prompt_problem"]
@@ -53,8 +58,10 @@ class TrainerSession:
     train: Sequence[Any]
     val: Sequence[Any]
     start_step: int
+    stack: contextlib.AsyncExitStack[bool | None]
     rollouts_run: int = 0
     _published: dict[str, str] = field(default_factory=dict)
+    _gateways: dict[tuple[str, str | None, float], ModelGateway] = field(default_factory=dict)
 
     @property
     def store(self) -> Store:
@@ -101,6 +108,39 @@ class TrainerSession:
         if key not in self._published:
             self._published[key] = (await self.store.put_resources(full)).resources_id
         return self._published[key]
+
+    async def gateway_to(self, llm: LLM, *, timeout_seconds: float = 600.0) -> ModelGateway:
+        """A recording gateway of the run's store in front of ``llm``'s endpoint, until the session
+        ends; it gives up on a call after ``timeout_seconds``."""
+        from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
+        from fulgor.net.asgi import serve_asgi
+
+        where = (llm.endpoint, llm.api_key, timeout_seconds)
+        if where not in self._gateways:
+            key = new_operator_key()
+            upstream = Upstream(llm.endpoint, api_key=llm.api_key, request_token_ids=False)
+            # No retries here: the caller retries, each try an attempt of its own.
+            config = GatewayConfig(api_key=key, max_retries=0, read_timeout_seconds=timeout_seconds)
+            gateway = create_gateway_app(self.store, [upstream], config)
+            url = await self.stack.enter_async_context(serve_asgi(gateway))
+            self._gateways[where] = ModelGateway(gateway, url, key, timeout_seconds)
+        return self._gateways[where]
+
+
+@dataclass(frozen=True)
+class ModelGateway:
+    """A gateway the session serves in front of one model (see ``TrainerSession.gateway_to``)."""
+
+    gateway: Gateway
+    url: str
+    api_key: str
+    timeout_seconds: float
+
+    def base_url(self, rollout_id: str, attempt_id: str) -> str:
+        return gateway_base_url(self.url, rollout_id, attempt_id)
+
+    async def settle(self, rollout_id: str) -> None:
+        await self.gateway.settle([rollout_id], self.timeout_seconds)
 
 
 def agent_prompt_problem(agent: Runnable, resources: Mapping[str, Any]) -> str | None:

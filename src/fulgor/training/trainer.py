@@ -302,18 +302,16 @@ class Trainer:
             start_tracking(self.trackers, self.run_dir, search.hyperparameters()) as track,
             ProgressBar(start_step, search.max_steps, enabled=self.progress) as progress,
         ):
-            async with self.start_services(agent, model_dir, 0) as services:
+            async with (
+                self.start_services(agent, model_dir, 0) as services,
+                contextlib.AsyncExitStack() as stack,  # what the session starts for the algorithm
+            ):
                 session = TrainerSession(
-                    services,
-                    self.build_trajectories,
-                    self.rollout_config,
-                    self.run_dir,
-                    train,
-                    val,
-                    start_step,
-                )
-                await search.prepare(session)
+                    services, self.build_trajectories, self.rollout_config, self.run_dir, train, val,
+                    start_step, stack,
+                )  # fmt: skip
                 try:
+                    await search.prepare(session)
                     for step in range(start_step + 1, search.max_steps + 1):
                         before = session.rollouts_run
                         metrics = await search.step(session, step)

@@ -133,7 +133,6 @@ class APO:
         self.seed = seed
         self.state: Search | None = None
         self._calls: OptimizerCalls | None = None
-        self._serving: Any = None
         self._run_dir: Path | None = None
 
     # -- the ResourceAlgorithm protocol -------------------------------------------------------------
@@ -179,18 +178,17 @@ class APO:
 
     async def prepare(self, session: RolloutSession) -> None:
         """Continue from ``run_dir/apo/state.json`` when an earlier session got this far, else score
-        the starting prompts on the whole validation set; start the optimiser's gateways."""
+        the starting prompts on the whole validation set; the optimiser's gateways start first."""
         self._run_dir = session.run_dir
         models = self._models()
         self._calls = OptimizerCalls(
-            session.store,
+            session,
             models,
             self.optimizer_temperature,
             self.optimizer_retries,
             self.optimizer_timeout_seconds,
         )
-        self._serving = self._calls.serving()
-        await self._serving.__aenter__()
+        await self._calls.start()
         self.state = self._load(session) if session.start_step else None
         if self.state is None:
             self.state = self._fresh()
@@ -220,9 +218,8 @@ class APO:
         return metrics
 
     async def close(self) -> None:
-        if self._serving is not None:
-            serving, self._serving = self._serving, None
-            await serving.__aexit__(None, None, None)
+        if self._calls is not None:
+            await self._calls.close()
 
     def finished(self, elapsed_seconds: float) -> bool:
         if self.max_seconds is not None and elapsed_seconds >= self.max_seconds:

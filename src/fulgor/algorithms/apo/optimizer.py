@@ -1,8 +1,8 @@
 """The optimiser's calls (critic and editor), recorded in the run's store like every model call.
 
-:class:`OptimizerCalls` serves a gateway of the run's store on loopback for each distinct endpoint
-(any OpenAI-compatible server: a hosted API with its key, a vLLM server, fulgor's engine; asked
-for no token ids) and sends each critic or editor request there as a rollout of its own
+:class:`OptimizerCalls` sends each critic or editor request (to any OpenAI-compatible server: a
+hosted API with its key, a vLLM server, fulgor's engine; asked for no token ids) through a
+recording gateway the session serves in front of that model, as a rollout of its own
 (``metadata["apo"]`` names the role, the step and the candidate), so that its request and answer
 are spans like the agent's calls, shown by every view of the store. A call that fails (an error
 status, a refused connection) or takes longer than ``timeout_seconds`` is retried ``retries``
@@ -17,18 +17,13 @@ What it does not know: what is asked, or what the answers are for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from fulgor.credentials import new_operator_key
-from fulgor.errors import ConfigError
+from fulgor.algorithms.base import RecordingGateway, RolloutSession
 from fulgor.net.http_client import HttpClient, split_url
-from fulgor.runner.worker import gateway_base_url
-from fulgor.store.base import Store
 from fulgor.types import LLM, JsonDict, RolloutConfig, RolloutRequest
 
 __all__ = ["OptimizerCalls", "Role"]
@@ -44,7 +39,7 @@ _BACKOFF_SECONDS = 0.5
 class OptimizerCalls:
     """Critic and editor calls through recording gateways; see the module docstring."""
 
-    store: Store
+    session: RolloutSession
     models: dict[Role, LLM]
     temperature: float | None = 1.0
     retries: int = 2
@@ -52,34 +47,21 @@ class OptimizerCalls:
     calls: int = 0
     failures: int = 0
     down: bool = False
-    _gateways: dict[Role, tuple[Any, str]] = field(default_factory=dict)
+    _gateways: dict[Role, RecordingGateway] = field(default_factory=dict)
     _resources: dict[Role, str] = field(default_factory=dict)
     _client: HttpClient | None = None
-    _key: str = field(default_factory=new_operator_key)
 
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[OptimizerCalls]:
-        """Serve one gateway per distinct endpoint while the block runs; stopped on leaving."""
-        from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
-        from fulgor.net.asgi import serve_asgi
+    async def start(self) -> None:
+        """The gateways and resources of each role (once); ``close`` ends the HTTP client."""
+        self._client = HttpClient(read_timeout_seconds=self.timeout_seconds)
+        for role, llm in self.models.items():
+            self._gateways[role] = await self.session.gateway_to(llm, timeout_seconds=self.timeout_seconds)
+            self._resources[role] = (await self.session.store.put_resources({"llm": llm})).resources_id
 
-        async with contextlib.AsyncExitStack() as stack:
-            self._client = HttpClient(read_timeout_seconds=self.timeout_seconds)
-            stack.push_async_callback(self._client.close)
-            served: dict[tuple[str, str | None], tuple[Any, str]] = {}
-            for role, llm in self.models.items():
-                where = (llm.endpoint, llm.api_key)
-                if where not in served:
-                    upstream = Upstream(llm.endpoint, api_key=llm.api_key, request_token_ids=False)
-                    # Retries are this class's (each try a rollout of its own), not the gateway's.
-                    config = GatewayConfig(
-                        api_key=self._key, max_retries=0, read_timeout_seconds=self.timeout_seconds
-                    )
-                    gateway = create_gateway_app(self.store, [upstream], config)
-                    served[where] = (gateway, await stack.enter_async_context(serve_asgi(gateway)))
-                self._gateways[role] = served[where]
-                self._resources[role] = (await self.store.put_resources({"llm": llm})).resources_id
-            yield self
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     async def ask(
         self, role: Role, messages: list[dict[str, str]], metadata: JsonDict
@@ -107,9 +89,8 @@ class OptimizerCalls:
     async def _try(
         self, role: Role, messages: list[dict[str, str]], metadata: JsonDict
     ) -> tuple[str, str | None]:
-        if self._client is None:
-            raise ConfigError("OptimizerCalls.ask runs inside `async with calls.serving()`")
-        gateway, url = self._gateways[role]
+        assert self._client is not None, "start() runs first"
+        gateway = self._gateways[role]
         request = RolloutRequest(
             input={"role": role, "messages": messages},
             mode="train",
@@ -118,23 +99,24 @@ class OptimizerCalls:
             # One attempt: a failed try ends its rollout (a retry is a new one), never requeued.
             config=RolloutConfig(timeout_seconds=self.timeout_seconds * 2, max_attempts=1),
         )
-        started = await self.store.start_rollout(request, _WORKER_ID)
+        store = self.session.store
+        started = await store.start_rollout(request, _WORKER_ID)
         rollout_id, attempt_id = started.rollout_id, started.attempt.attempt_id
         body: JsonDict = {"model": self.models[role].model, "messages": messages}
         if self.temperature is not None:
             body["temperature"] = self.temperature
-        text, error = await self._post(gateway_base_url(url, rollout_id, attempt_id), body)
-        await gateway.settle([rollout_id], self.timeout_seconds)
+        text, error = await self._post(gateway.base_url(rollout_id, attempt_id), gateway.api_key, body)
+        await gateway.settle(rollout_id)
         if error is None:
-            await self.store.update_attempt(rollout_id, attempt_id, status="succeeded")
+            await store.update_attempt(rollout_id, attempt_id, status="succeeded")
         else:
-            await self.store.update_attempt(rollout_id, attempt_id, status="failed", error=error)
+            await store.update_attempt(rollout_id, attempt_id, status="failed", error=error)
         return text, error
 
-    async def _post(self, base_url: str, body: JsonDict) -> tuple[str, str | None]:
+    async def _post(self, base_url: str, api_key: str, body: JsonDict) -> tuple[str, str | None]:
         assert self._client is not None
         origin, path = split_url(base_url)
-        headers = f"Authorization: Bearer {self._key}\r\nContent-Type: application/json\r\n"
+        headers = f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 response = await self._client.request(
