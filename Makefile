@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test demo lint typecheck unit clean
+.PHONY: test demo demo-rooms lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ $(VENV)/.installed-demo: $(VENV)/.created pyproject.toml
 # The calc demo: build a tiny model, warm-start it, train it with GRPO through the whole system.
 demo: $(VENV)/.installed-demo
 	$(PY) -m examples.calc.train $(DEMO_ARGS)
+
+# The rooms example: APO improves a room-booking agent's prompts (simulated model and optimiser,
+# no key needed; examples/rooms/train.py runs it on any OpenAI-compatible model).
+demo-rooms: $(VENV)/.installed-demo
+	$(PY) -m examples.rooms.train --simulate $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

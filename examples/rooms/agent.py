@@ -150,13 +150,19 @@ async def _converse(
     """The model's final text (None when it never gave one), answering its tool calls meanwhile."""
     for _ in range(MAX_TURNS):
         response = await client.chat.completions.create(
-            model=llm.model, messages=messages, tools=[ROOMS_TOOL], **llm.sampling_parameters
-        )  # type: ignore[call-overload]
+            model=llm.model,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[ROOMS_TOOL],  # type: ignore[list-item]
+            **llm.sampling_parameters,
+        )
         message = response.choices[0].message
         if not message.tool_calls:
             return message.content
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            result = run_tool(call.function.name, call.function.arguments, order_key)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            function = getattr(call, "function", None)  # a custom tool call has none
+            name, arguments = (function.name, function.arguments) if function else (None, None)
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": run_tool(name, arguments, order_key)}
+            )
     return None

@@ -1,4 +1,4 @@
-"""The rooms world (ten meeting rooms, their bookings on ten dates) and the booking tasks.
+"""The rooms world (eleven meeting rooms, their bookings on ten dates) and the booking tasks.
 
 The world is fixed: the rooms never change, and each date's bookings are generated from the date
 alone, so the ``list_rooms`` tool and the grade see the same day as the task's generator did.

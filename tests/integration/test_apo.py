@@ -128,7 +128,8 @@ def test_every_rollout_records_its_prompt_and_the_optimiser_calls_are_recorded(
     sent = call.request["messages"][-1]["content"]
     assert f'<prompt name="prompt_template">\n{SEED}\n</prompt>' in sent
     assert "<feedback>the answer followed 0 of 3 rules</feedback>" in sent
-    assert "[user] Answer question" in sent and "[assistant] ." in sent
+    assert "[user] Answer question" in sent
+    assert "[assistant] ." in sent
 
 
 def test_edits_that_break_the_template_are_rejected_with_their_reason(

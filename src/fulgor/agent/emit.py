@@ -108,7 +108,9 @@ def _post_reward(url: str, reward: Reward) -> None:
     import urllib.error
     import urllib.request
 
-    sent = {"values": reward.values, "primary": reward.primary, "feedback": reward.feedback}
+    sent: dict[str, Any] = {"values": reward.values, "primary": reward.primary}
+    if reward.feedback is not None:
+        sent["feedback"] = reward.feedback
     body = json.dumps(sent).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     # The endpoint is the runner's, on loopback: never through an http_proxy from the environment,

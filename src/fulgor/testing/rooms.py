@@ -34,10 +34,14 @@ from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, Sc
 
 __all__ = [
     "HARD_RULES",
+    "NO_CHANGE",
     "RULE_SENTENCES",
     "TIE_BREAKS",
+    "OptimizerRequest",
     "RoomsModel",
     "RoomsOptimizer",
+    "edit",
+    "read_request",
     "simulated_optimizer",
     "simulated_rooms_model",
     "stated_rules",
@@ -83,14 +87,17 @@ _DETECTORS: dict[str, Callable[[str], bool]] = {
 
 def stated_rules(text: str) -> tuple[str, ...]:
     """The rules ``text`` states (in :data:`HARD_RULES` then :data:`TIE_BREAKS` order): those whose
-    keywords one of its sentences carries.
+    keywords one of its sentences carries, placeholders (``{accessible}``) left out.
 
     >>> stated_rules("Book a room.\\nAttendees: 8\\nThe room must seat every attendee.")
     ('capacity',)
+    >>> stated_rules("Wheelchair access: {accessible}")
+    ()
     >>> stated_rules(" ".join(RULE_SENTENCES.values())) == HARD_RULES + TIE_BREAKS
     True
     """
-    sentences = [s.strip() for s in re.split(r"[.!?;\n]+", text.lower()) if s.strip()]
+    words = re.sub(r"\{\{[^{}]*\}\}|\{[^{}]*\}", " ", text.lower())  # a placeholder's name states nothing
+    sentences = [s.strip() for s in re.split(r"[.!?;\n]+", words) if s.strip()]
     return tuple(rule for rule, says in _DETECTORS.items() if any(says(s) for s in sentences))
 
 
@@ -174,7 +181,7 @@ _KEYS: dict[str, Callable[[JsonDict, _Meeting], int]] = {
 }
 
 
-def choose_room(rooms: list[JsonDict], meeting: _Meeting, rules: tuple[str, ...]) -> str:
+def _choose_room(rooms: list[JsonDict], meeting: _Meeting, rules: tuple[str, ...]) -> str:
     """The room the stated ``rules`` pick: the known filters, then the known tie-breaks in their
     canonical order over the tool's order; "No Room" only when the filters leave nothing."""
     fitting = [r for r in rooms if all(_FILTERS[rule](r, meeting) for rule in rules if rule in _FILTERS)]
@@ -195,16 +202,13 @@ class RoomsModel:
         meeting_text = users[0] if users else ""
         if not results:
             return self._look_up(body, meeting_text)
+        rules = stated_rules("\n".join(_messages(body, "system", "user")))
         try:
             rooms = json.loads(results[-1])
-        except ValueError:
+            vocabulary = {str(item) for room in rooms for item in room.get("equipment") or []}
+            return ScriptedReply(text=_choose_room(rooms, _read_meeting(meeting_text, vocabulary), rules))
+        except (ValueError, TypeError, AttributeError):  # not JSON, not a list of rooms, odd fields
             return ScriptedReply(text="The room list could not be read.")
-        if not isinstance(rooms, list) or not all(isinstance(r, dict) for r in rooms):
-            return ScriptedReply(text="The room list could not be read.")
-        vocabulary = {str(item) for room in rooms for item in room.get("equipment") or []}
-        meeting = _read_meeting(meeting_text, vocabulary)
-        rules = stated_rules("\n".join(_messages(body, "system", "user")))
-        return ScriptedReply(text=choose_room(rooms, meeting, rules))
 
     @staticmethod
     def _look_up(body: JsonDict, meeting_text: str) -> ScriptedReply:
@@ -248,13 +252,13 @@ class _Critic:
     reward: re.Pattern[str]
 
 
-_NUMBER = r"(?P<reward>-?\d+(?:\.\d+)?)?"
+_NUMBER = r"(?P<reward>-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)?"
 _CRITICS = (
     _Critic(
         "fulgor",
         re.compile(_FULGOR_PROMPT + r"(?P<runs>.*)", re.S),
         re.compile(r"<rollout\b"),
-        re.compile(rf'^[^>]*\breward="{_NUMBER}'),
+        re.compile(rf'^[^>]*\breward="{_NUMBER}', re.I),
     ),
     _Critic(
         "agl text_gradient_variant01",

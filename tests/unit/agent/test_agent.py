@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fulgor import semconv
+from fulgor.adapters import rollout_feedback
 from fulgor.agent import (
     Agent,
     AgentError,
@@ -95,9 +96,26 @@ async def test_emit_helpers_record_spans_under_the_rollout(
     assert (await store.get_rollout(claimed.rollout_id)).status == "running"
 
 
+async def test_a_reward_can_carry_the_tasks_feedback(store: MemoryStore, claimed: AttemptedRollout) -> None:
+    def body() -> None:
+        assert emit_reward(0.0, feedback="expected Birch").feedback == "expected Birch"
+        emit_reward({"correct": 1.0}, feedback="correct: Birch")
+        emit_reward(0.5)
+
+    spans = await run_in_context(store, claimed, body)
+    assert [s.attributes.get(semconv.ATTR_REWARD_FEEDBACK) for s in spans] == [
+        "expected Birch",
+        "correct: Birch",
+        None,
+    ]
+    assert rollout_feedback(spans[:2]) == "correct: Birch"
+    assert rollout_feedback(spans) is None  # the last reward's
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
+        (lambda: emit_reward(1.0, feedback=3), "feedback must be text"),  # type: ignore[arg-type]
         (lambda: emit_reward({"a": 1.0, "b": 0.0}), "primary"),
         (lambda: emit_reward({"a": 1.0}, primary="b"), "not among"),
         (lambda: emit_reward(float("nan")), "finite"),

@@ -19,7 +19,7 @@ from tests.process_support import gone_within
 from fulgor import semconv
 from fulgor.runner import ProgramResult, Runner, RunnerConfig, SubprocessAgent
 from fulgor.store import MemoryStore
-from fulgor.types import LLM, RolloutConfig, RolloutRequest
+from fulgor.types import LLM, PromptTemplate, RolloutConfig, RolloutRequest
 
 FAST = RunnerConfig(max_concurrency=2, claim_wait_seconds=0.2, heartbeat_seconds=0.1)
 
@@ -302,3 +302,23 @@ async def test_the_program_gets_its_attempt_id(store: MemoryStore) -> None:
     [message] = await store.query_spans(rollout_id, name=semconv.SPAN_MESSAGE)
     [attempt] = await store.list_attempts(rollout_id)
     assert message.attributes[semconv.ATTR_MESSAGE_BODY] == f"{attempt.attempt_id}\n"
+
+
+async def test_the_program_gets_every_resource_and_can_post_feedback(store: MemoryStore) -> None:
+    await store.put_resources(
+        {
+            "llm": LLM(endpoint="http://127.0.0.1:9/r/x/y/v1", model="tiny"),
+            "prompt_template": PromptTemplate(template="Solve {question}."),
+        }
+    )
+    program = textwrap.dedent(
+        """
+        import json, os, fulgor
+        prompt = json.loads(os.environ["FULGOR_RESOURCES"])["prompt_template"]["template"]
+        fulgor.emit_reward(0.5, feedback="used " + prompt)
+        """
+    )
+    [rollout_id] = await run_all(store, SubprocessAgent([sys.executable, "-c", program]), [{}])
+    [reward] = await store.query_spans(rollout_id, name=semconv.SPAN_REWARD)
+    assert reward.attributes[semconv.ATTR_REWARD_VALUE] == 0.5
+    assert reward.attributes[semconv.ATTR_REWARD_FEEDBACK] == "used Solve {question}."
