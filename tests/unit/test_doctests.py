@@ -18,6 +18,11 @@ MODULES = [
     "fulgor.training.run_report",
     "fulgor.algorithms.grpo.algorithm",
     "fulgor.limits",
+    "fulgor.algorithms.apo.candidates",
+    "fulgor.testing.rooms",
+    "examples.rooms.rules",
+    "examples.rooms.dataset",
+    "examples.rooms.agent",
 ]
 
 

@@ -4,8 +4,6 @@ end over real HTTP against the simulated rooms model."""
 from __future__ import annotations
 
 import asyncio
-import doctest
-import importlib
 import json
 from collections import Counter
 from typing import Any
@@ -23,13 +21,6 @@ from fulgor.testing import simulated_rooms_model
 from fulgor.testing.rooms import RULE_SENTENCES
 
 ALL_RULES = PromptTemplate(template="\n".join([SEED_PROMPT.template, *RULE_SENTENCES.values()]))
-
-
-@pytest.mark.parametrize("name", ["examples.rooms.rules", "examples.rooms.dataset", "examples.rooms.agent"])
-def test_doctests(name: str) -> None:
-    result = doctest.testmod(importlib.import_module(name))
-    assert result.attempted > 0
-    assert result.failed == 0
 
 
 # -- the rule and its feedback ----------------------------------------------------------------------

@@ -697,12 +697,3 @@ async def test_the_simulated_optimizer_answers_over_http() -> None:
     assert isinstance(server.responder, RoomsOptimizer)
     assert (server.responder.critic_calls, server.responder.editor_calls) == (1, 1)
 
-
-def test_doctests() -> None:
-    import doctest
-
-    import fulgor.testing.rooms
-
-    result = doctest.testmod(fulgor.testing.rooms)
-    assert result.attempted > 0
-    assert result.failed == 0
