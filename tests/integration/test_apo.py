@@ -255,3 +255,24 @@ def test_report_shows_each_steps_candidates_and_diffs(
     assert "<del>- Answer question {q}.</del>" in page
     assert "<ins>+ Answer question {q}. Be brief.</ins>" in page
     assert "rejected: its prompts are those of" in page
+
+
+def test_the_search_runs_on_the_local_engine_and_records_its_token_ids(
+    optimizer: ScriptedOpenAIServer, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from fulgor.engine.local import EngineConfig
+    from fulgor.engine.models import init_model
+
+    model_dir = init_model(tmp_path / "tiny", "tiny", seed=0)
+    engine = EngineConfig(model=model_dir, device="cpu", max_model_len=256, seed=0)
+    algorithm = apo(optimizer, max_steps=1, beam_width=1, branch_factor=1, gradient_batch_size=2)
+    run = Trainer(algorithm=algorithm, engine=engine, run_dir=tmp_path / "run", n_runners=1, progress=False)
+    history = run.fit(prompted, TRAIN[:2], VAL[:2])
+
+    assert history[0]["candidates"] == 1
+    assert not (tmp_path / "run" / "checkpoints").exists()  # prompts change, weights do not
+    rollouts, _ = asyncio.run(stored(tmp_path / "run"))
+    agent_calls = [call for r, spans in rollouts if "apo" not in r.metadata for _, call in model_calls(spans)]
+    assert len(agent_calls) == 2 + 2 + 2  # seed on validation, parent on its minibatch, child on validation
+    assert all(call.response_token_ids and not call.token_ids_missing for call in agent_calls)
