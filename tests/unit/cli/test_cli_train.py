@@ -140,7 +140,7 @@ REFUSED = {
     "agent object missing": (["--train", "tasks.jsonl", "--agent", "{agent}:nothing"], "has no attribute"),
     "unknown algorithm": (
         ["--train", "tasks.jsonl", "--algorithm", "ppo"],
-        "--algorithm ppo does not exist; pass one of grpo, sft",
+        "--algorithm ppo does not exist; pass one of grpo, sft, apo",
     ),
     "sft without a rule": (
         ["--train", "tasks.jsonl", "--algorithm", "sft"],
