@@ -194,7 +194,13 @@ class ProgressBar:
         """Show ``metrics`` (a step's line of ``metrics.jsonl``); a training step advances the bar."""
         if self._bar is None:
             return
-        for key, label in (("reward_mean", "reward"), ("val_accuracy", "val"), ("tool_call_rate", "tools")):
+        shown = (
+            ("reward_mean", "reward"),
+            ("val_accuracy", "val"),
+            ("tool_call_rate", "tools"),
+            ("best_score", "best"),
+        )
+        for key, label in shown:
             if isinstance(metrics.get(key), int | float):
                 self._shown[label] = f"{metrics[key]:.3f}"
         self._bar.set_postfix(self._shown, refresh=False)

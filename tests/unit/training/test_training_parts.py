@@ -262,6 +262,10 @@ def test_the_progress_bar_on_stderr_shows_steps_reward_and_validation_accuracy(
     assert "val=0.250" in last
     assert "tools=0.125" in last
 
+    with ProgressBar(0, 3) as search:  # a prompt search's steps
+        search.update({"step": 1, "best_score": 0.6})
+    assert "best=0.600" in capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+
     with ProgressBar(0, 3, enabled=False) as quiet:  # Trainer(progress=False), or not a terminal
         quiet.update({"step": 1, "reward_mean": 0.5})
     assert capsys.readouterr() == ("", "")
