@@ -276,3 +276,23 @@ def test_the_search_runs_on_the_local_engine_and_records_its_token_ids(
     agent_calls = [call for r, spans in rollouts if "apo" not in r.metadata for _, call in model_calls(spans)]
     assert len(agent_calls) == 2 + 2 + 2  # seed on validation, parent on its minibatch, child on validation
     assert all(call.response_token_ids and not call.token_ids_missing for call in agent_calls)
+
+
+def test_the_critic_and_the_editor_may_be_models_apart(model: ScriptedOpenAIServer, tmp_path: Path) -> None:
+    with (
+        ScriptedOpenAIServer(responder=optimizer_reply, model="critic-sim") as critic,
+        ScriptedOpenAIServer(responder=optimizer_reply, model="editor-sim") as editor,
+    ):
+        algorithm = APO(
+            prompts={"prompt_template": SEED},
+            critic=LLM(endpoint=critic.url, model="critic-sim"),
+            editor=LLM(endpoint=editor.url, model="editor-sim", api_key="sk-editor"),
+            max_steps=1, beam_width=1, branch_factor=1,
+        )  # fmt: skip
+        history = trainer(algorithm, model, tmp_path).fit(prompted, TRAIN, VAL)
+    assert history[0]["best_score"] == pytest.approx(1 / 3)
+    assert [r["model"] for r in critic.requests] == ["critic-sim"]
+    assert [r["model"] for r in editor.requests] == ["editor-sim"]
+    assert "<critique>" in editor.requests[0]["messages"][-1]["content"]
+    assert editor.request_headers[0]["authorization"] == "Bearer sk-editor"  # its key, not the run's
+    assert "authorization" not in critic.request_headers[0]
