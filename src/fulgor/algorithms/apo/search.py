@@ -17,9 +17,10 @@ candidate with its reason. One **step** of
 An edit that gives prompts another candidate already has is rejected before it runs.
 
 A candidate's reward on a validation task is measured once (validation is greedy) and reused.
-Proposals and scorings of one step run at once. Budgets: before each proposal and each scoring,
-the rollouts and optimiser calls it needs must fit in what is left; once one does not, the step
-ends with what it has and the search is finished.
+Proposals and scorings of one step run at once; the answers are read in the order the proposals
+were planned, so a seed gives the same search when the models answer alike. Budgets: before each
+proposal and each scoring, the rollouts and optimiser calls it needs must fit in what is left; once
+one does not, the step ends with what it has and the search is finished.
 
 What it does not know: the services (a :class:`~fulgor.algorithms.base.RolloutSession` runs the
 rollouts) or where the history is written.
@@ -40,6 +41,18 @@ from fulgor.algorithms.base import RolloutSession
 from fulgor.types import JsonDict
 
 __all__ = ["Search", "SearchSettings"]
+
+
+@dataclass(frozen=True)
+class _Draft:
+    """What one proposal brought back: the parent's minibatch, its total, the critique, the answer."""
+
+    parent: Candidate
+    name: str
+    batch: list[Any]
+    parent_total: float
+    critique: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,9 @@ class Search:
         *,
         gate: bool,
     ) -> list[Candidate]:
-        runs: list[Coroutine[Any, Any, Candidate | None]] = []
+        """The step's proposals, run at once; their answers are read in the order of ``plans``
+        (candidates numbered, twins found, the same on every run), then the gated children run."""
+        runs: list[Coroutine[Any, Any, _Draft | None]] = []
         for parent, batch in plans:
             rollouts = len(batch) * (2 if gate else 1)
             if not self._fits(rollouts, 2):
@@ -164,12 +179,20 @@ class Search:
                 break
             self.rollouts += rollouts  # reserved now: proposals run at once
             self.optimizer_calls += 2
-            name = self._next_prompt(parent)
-            runs.append(self._propose(session, calls, step, parent, name, batch, gate))
-        children = await asyncio.gather(*runs)
-        return [child for child in children if child is not None]
+            runs.append(self._draft(session, calls, step, parent, self._next_prompt(parent), batch, gate))
+        children = [
+            (child, draft)
+            for draft in await asyncio.gather(*runs)
+            if draft is not None and (child := self._child(step, draft, gate)) is not None
+        ]
+        if not gate:
+            return [child for child, _ in children]
+        kept = await asyncio.gather(
+            *(self._beats_parent(session, step, child, draft) for child, draft in children)
+        )
+        return [child for (child, _), beats in zip(children, kept, strict=True) if beats]
 
-    async def _propose(
+    async def _draft(
         self,
         session: RolloutSession,
         calls: OptimizerCalls,
@@ -178,7 +201,9 @@ class Search:
         name: str,
         batch: list[Any],
         gate: bool,
-    ) -> Candidate | None:
+    ) -> _Draft | None:
+        """The parent on its minibatch, the critique of those rollouts and the editor's answer;
+        None when the parent is perfect there (gated) or the optimiser did not answer."""
         outcomes = await session.run(
             batch, parent.prompts, "train", step=step, sampling_parameters=self.settings.train_sampling
         )
@@ -198,40 +223,50 @@ class Search:
             )
             tries += more
         self.optimizer_calls += tries - 2  # retries count too; two were reserved
-        if answer is None:
+        if critique is None or answer is None:
             self.rollouts -= len(batch) if gate else 0
             self._step_counts["proposals_failed"] += 1
             return None
-        child = self._new_candidate(step, parent, name, critique)
-        template, problem = read_edit(parent.prompts[name], answer)
-        if template is None:
-            child.status, child.reason = "rejected", problem
-            self._step_counts["rejected"] += 1
-            self.rollouts -= len(batch) if gate else 0
-            return None
-        child.prompts[name] = template
-        twin = next((c for c in self._scored_or_pending(child) if c.prompts == child.prompts), None)
-        if twin is not None:  # its scores are known (or being measured): nothing new to learn
-            child.status, child.reason = "rejected", f"its prompts are those of {twin.id}"
-            self._step_counts["rejected"] += 1
-            self.rollouts -= len(batch) if gate else 0
-            return None
-        if not gate:
+        return _Draft(parent, name, batch, parent_total, critique, answer)
+
+    def _child(self, step: int, draft: _Draft, gate: bool) -> Candidate | None:
+        """The candidate the editor's answer makes; None (and a rejected candidate, with its
+        reason) when the answer is no usable template or gives prompts a candidate already has."""
+        child = self._new_candidate(step, draft.parent, draft.name, draft.critique)
+        template, problem = read_edit(draft.parent.prompts[draft.name], draft.answer)
+        if template is not None:
+            child.prompts[draft.name] = template
+            twin = next((c for c in self._scored_or_pending(child) if c.prompts == child.prompts), None)
+            # A twin's scores are known (or being measured): there is nothing new to learn.
+            problem = None if twin is None else f"its prompts are those of {twin.id}"
+        if problem is None:
             return child
+        child.status, child.reason = "rejected", problem
+        self._step_counts["rejected"] += 1
+        self.rollouts -= len(draft.batch) if gate else 0
+        return None
+
+    async def _beats_parent(
+        self, session: RolloutSession, step: int, child: Candidate, draft: _Draft
+    ) -> bool:
+        """Run ``child`` on its parent's minibatch: kept only when it scores higher there."""
         outcomes = await session.run(
-            batch, child.prompts, "train", step=step, sampling_parameters=self.settings.train_sampling
+            draft.batch, child.prompts, "train", step=step, sampling_parameters=self.settings.train_sampling
         )
-        child_total = sum(o.reward or 0.0 for o in outcomes)
-        child.minibatch = {"parent": parent_total / len(batch), "child": child_total / len(batch)}
-        if child_total <= parent_total:
-            child.status = "rejected"
-            child.reason = (
-                f"it did not beat its parent on the minibatch ({child_total:g} vs {parent_total:g} "
-                f"of {len(batch)})"
-            )
-            self._step_counts["rejected"] += 1
-            return None
-        return child
+        child_total, parent_total, size = (
+            sum(o.reward or 0.0 for o in outcomes),
+            draft.parent_total,
+            len(draft.batch),
+        )
+        child.minibatch = {"parent": parent_total / size, "child": child_total / size}
+        if child_total > parent_total:
+            return True
+        child.status = "rejected"
+        child.reason = (
+            f"it did not beat its parent on the minibatch ({child_total:g} vs {parent_total:g} of {size})"
+        )
+        self._step_counts["rejected"] += 1
+        return False
 
     def _new_candidate(self, step: int, parent: Candidate, name: str, critique: str | None) -> Candidate:
         child = Candidate(
