@@ -296,3 +296,15 @@ def test_the_critic_and_the_editor_may_be_models_apart(model: ScriptedOpenAIServ
     assert "<critique>" in editor.requests[0]["messages"][-1]["content"]
     assert editor.request_headers[0]["authorization"] == "Bearer sk-editor"  # its key, not the run's
     assert "authorization" not in critic.request_headers[0]
+
+
+def test_the_same_seed_gives_the_same_search(
+    model: ScriptedOpenAIServer, optimizer: ScriptedOpenAIServer, tmp_path: Path
+) -> None:
+    runs = []
+    for run in ("first", "second"):
+        trainer(apo(optimizer, search="pareto", max_steps=2), model, tmp_path / run).fit(prompted, TRAIN, VAL)
+        candidates = read(tmp_path / run, "candidates.json")
+        runs.append([(c["id"], c["parent"], c["status"], c["reason"], c["prompts"]) for c in candidates])
+    assert runs[0] == runs[1]
+    assert len(runs[0]) > 4
