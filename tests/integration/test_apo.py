@@ -308,3 +308,20 @@ def test_the_same_seed_gives_the_same_search(
         runs.append([(c["id"], c["parent"], c["status"], c["reason"], c["prompts"]) for c in candidates])
     assert runs[0] == runs[1]
     assert len(runs[0]) > 4
+
+
+def test_pareto_starts_a_proposal_only_when_scoring_its_child_fits_and_stops_at_the_target(
+    model: ScriptedOpenAIServer, optimizer: ScriptedOpenAIServer, tmp_path: Path
+) -> None:
+    # The seed's validation (6) leaves 20: one proposal (2 x 4 on its minibatch + 6 to score its
+    # child) fits, a second does not.
+    algorithm = apo(optimizer, search="pareto", max_steps=10, max_rollouts=6 + 20)
+    history = trainer(algorithm, model, tmp_path / "budget").fit(prompted, TRAIN, VAL)
+    assert len(history) == 1
+    assert history[0]["proposals_skipped"] == 3
+    assert history[0]["rollouts_total"] == 6 + 8 + 6
+    assert all(len(c["val_scores"]) in (0, len(VAL)) for c in read(tmp_path / "budget", "candidates.json"))
+
+    reached = apo(optimizer, search="pareto", max_steps=10, target_score=0.6)
+    history = trainer(reached, model, tmp_path / "target").fit(prompted, TRAIN, VAL)
+    assert [m["best_score"] for m in history] == pytest.approx([1 / 3, 2 / 3])

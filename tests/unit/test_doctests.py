@@ -22,7 +22,7 @@ MODULES = [
     "fulgor.testing.rooms",
     "examples.rooms.rules",
     "examples.rooms.dataset",
-    "examples.rooms.agent",
+    "examples.rooms.tools",
 ]
 
 

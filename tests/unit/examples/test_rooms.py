@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from examples.rooms import dataset
-from examples.rooms.agent import SEED_PROMPT, SEED_SYSTEM_PROMPT, list_rooms, room_agent
+from examples.rooms.agent import SEED_PROMPT, SEED_SYSTEM_PROMPT, room_agent
 from examples.rooms.dataset import ROOMS, make_splits, make_tasks, rooms_on
 from examples.rooms.rules import RoomRecord, decisive_rule, expected_room, grade, parse_answer
+from examples.rooms.tools import list_rooms
 from fulgor import LLM, PromptTemplate, RolloutRequest, semconv
 from fulgor.runner import Runner, RunnerConfig
 from fulgor.store import MemoryStore

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from examples.rooms.agent import ROOMS_TOOL, SEED_PROMPT, SEED_SYSTEM_PROMPT, first_messages, run_tool
+from examples.rooms.agent import SEED_PROMPT, SEED_SYSTEM_PROMPT, first_messages
 from examples.rooms.dataset import make_splits, make_tasks
 from examples.rooms.rules import grade
+from examples.rooms.tools import ROOMS_TOOL, run_tool
 from fulgor import PromptTemplate
 from fulgor.testing import RoomsModel, RoomsOptimizer, simulated_optimizer, simulated_rooms_model
 from fulgor.testing.rooms import HARD_RULES, RULE_SENTENCES, TIE_BREAKS, read_request, stated_rules
@@ -422,7 +423,7 @@ def test_the_seed_prompts_state_no_rule_and_each_rule_sentence_states_its_own() 
 
 
 def _fields(task: dict[str, Any]) -> dict[str, str]:
-    from examples.rooms.agent import prompt_fields
+    from examples.rooms.tools import prompt_fields
 
     return prompt_fields(task)
 
@@ -696,4 +697,3 @@ async def test_the_simulated_optimizer_answers_over_http() -> None:
     assert (edit.choices[0].message.content or "").startswith(SEED + "\n")
     assert isinstance(server.responder, RoomsOptimizer)
     assert (server.responder.critic_calls, server.responder.editor_calls) == (1, 1)
-

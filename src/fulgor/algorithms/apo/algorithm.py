@@ -62,7 +62,8 @@ class APO:
     """Prompt optimisation; see the module docstring. Hyperparameters are keyword-only.
 
     ``max_steps`` steps (rounds) at most; ``max_rollouts``, ``max_optimizer_calls`` and
-    ``max_seconds`` end the search earlier once spent. Training rollouts (the critic's evidence)
+    ``max_seconds`` end the search earlier once spent, and ``target_score`` once the best
+    candidate's validation score reaches it. Training rollouts (the critic's evidence)
     sample at ``temperature``, validation rollouts at ``val_temperature`` (None sends none: the
     agent's or the server's default); the optimiser answers at ``optimizer_temperature``, each call
     tried ``optimizer_retries`` more times when it fails or takes over ``optimizer_timeout_seconds``.
@@ -88,6 +89,7 @@ class APO:
         max_rollouts: int | None = None,
         max_optimizer_calls: int | None = None,
         max_seconds: float | None = None,
+        target_score: float | None = None,
         temperature: float | None = 1.0,
         val_temperature: float | None = 0.0,
         optimizer_temperature: float | None = 1.0,
@@ -130,6 +132,7 @@ class APO:
         self.temperature, self.val_temperature = temperature, val_temperature
         self.optimizer_temperature = optimizer_temperature
         self.optimizer_retries, self.optimizer_timeout_seconds = optimizer_retries, optimizer_timeout_seconds
+        self.target_score = target_score
         self.seed = seed
         self.state: Search | None = None
         self._calls: OptimizerCalls | None = None
@@ -153,6 +156,7 @@ class APO:
             "max_rollouts": self.max_rollouts,
             "max_optimizer_calls": self.max_optimizer_calls,
             "max_seconds": self.max_seconds,
+            "target_score": self.target_score,
             "temperature": self.temperature,
             "val_temperature": self.val_temperature,
             "optimizer_temperature": self.optimizer_temperature,
@@ -224,7 +228,11 @@ class APO:
     def finished(self, elapsed_seconds: float) -> bool:
         if self.max_seconds is not None and elapsed_seconds >= self.max_seconds:
             return True
-        return self.state is not None and self.state.budget_spent
+        if self.state is None:
+            return False
+        best = self.state.candidates[self.state.best].score()
+        reached = self.target_score is not None and best is not None and best >= self.target_score
+        return reached or self.state.budget_spent
 
     # -- the search's state and history -------------------------------------------------------------
 

@@ -152,7 +152,7 @@ class Search:
         ids = sorted(weights)
         parents = self.rng.choices(ids, weights=[weights[i] for i in ids], k=self.settings.proposals_per_step)
         plans = [(self.candidates[p], self._train_batch(session)) for p in parents]
-        children = await self._propose_all(session, calls, step, plans, gate=True)
+        children = await self._propose_all(session, calls, step, plans, gate=True, scoring=len(session.val))
         everything = _all(session.val)
         await self.score(session, step, children, everything)
         for child in children:
@@ -168,12 +168,15 @@ class Search:
         plans: Sequence[tuple[Candidate, list[Any]]],
         *,
         gate: bool,
+        scoring: int = 0,
     ) -> list[Candidate]:
         """The step's proposals, run at once; their answers are read in the order of ``plans``
-        (candidates numbered, twins found, the same on every run), then the gated children run."""
+        (candidates numbered, twins found, the same on every run), then the gated children run.
+        A proposal starts only when its rollouts fit in the budget, ``scoring`` (what scoring the
+        child it may make takes) included."""
         runs: list[Coroutine[Any, Any, _Draft | None]] = []
         for parent, batch in plans:
-            rollouts = len(batch) * (2 if gate else 1)
+            rollouts = len(batch) * (2 if gate else 1) + scoring
             if not self._fits(rollouts, 2):
                 self._step_counts["proposals_skipped"] += len(plans) - len(runs)
                 break
@@ -185,12 +188,13 @@ class Search:
             for draft in await asyncio.gather(*runs)
             if draft is not None and (child := self._child(step, draft, gate)) is not None
         ]
-        if not gate:
-            return [child for child, _ in children]
-        kept = await asyncio.gather(
-            *(self._beats_parent(session, step, child, draft) for child, draft in children)
-        )
-        return [child for (child, _), beats in zip(children, kept, strict=True) if beats]
+        if gate:
+            kept = await asyncio.gather(
+                *(self._beats_parent(session, step, child, draft) for child, draft in children)
+            )
+            children = [pair for pair, beats in zip(children, kept, strict=True) if beats]
+        self.rollouts -= scoring * len(runs)  # reserved for the budget check; scoring counts its own
+        return [child for child, _ in children]
 
     async def _draft(
         self,
