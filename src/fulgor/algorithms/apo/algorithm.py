@@ -49,7 +49,6 @@ _STATE_VERSION = 1
 _COUNTERS = (
     "rollouts",
     "optimizer_calls",
-    "optimizer_failures",
     "best_rollouts",
     "best_optimizer_calls",
     "train_position",
@@ -100,39 +99,30 @@ class APO:
         self.prompts = _prompts(prompts)
         self.critic = _model(critic or optimizer, "critic")
         self.editor = _model(editor or optimizer, "editor")
-        if search not in ("beam", "pareto"):
-            raise ConfigError(f"search must be 'beam' or 'pareto', got {search!r}")
-        counts = {
-            "beam_width": beam_width,
-            "branch_factor": branch_factor,
-            "proposals_per_step": proposals_per_step,
-            "max_steps": max_steps,
-            "gradient_batch_size": gradient_batch_size,
-            "val_batch_size": val_batch_size,
-        }
-        for key, value in counts.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{key} must be a whole number >= 1, got {value!r}")
-        for key, limit in (("max_rollouts", max_rollouts), ("max_optimizer_calls", max_optimizer_calls)):
-            if limit is not None and (not isinstance(limit, int) or limit < 1):
-                raise ConfigError(f"{key} must be a whole number >= 1 or None, got {limit!r}")
-        if max_seconds is not None and not max_seconds > 0:
-            raise ConfigError(f"max_seconds must be > 0 or None, got {max_seconds!r}")
+        _check_settings(
+            search,
+            {
+                "beam_width": beam_width,
+                "branch_factor": branch_factor,
+                "proposals_per_step": proposals_per_step,
+                "max_steps": max_steps,
+                "gradient_batch_size": gradient_batch_size,
+                "val_batch_size": val_batch_size,
+            },
+            {"max_rollouts": max_rollouts, "max_optimizer_calls": max_optimizer_calls},
+            max_seconds,
+        )
         if optimizer_retries < 0 or not optimizer_timeout_seconds > 0:
             raise ConfigError("optimizer_retries must be >= 0 and optimizer_timeout_seconds > 0")
         self.search_mode: SearchMode = search
         self.beam_width, self.branch_factor = beam_width, branch_factor
         self.proposals_per_step, self.max_steps = proposals_per_step, max_steps
         self.gradient_batch_size, self.val_batch_size = gradient_batch_size, val_batch_size
-        self.max_rollouts, self.max_optimizer_calls, self.max_seconds = (
-            max_rollouts,
-            max_optimizer_calls,
-            max_seconds,
-        )
+        self.max_rollouts, self.max_optimizer_calls = max_rollouts, max_optimizer_calls
+        self.max_seconds, self.target_score = max_seconds, target_score
         self.temperature, self.val_temperature = temperature, val_temperature
         self.optimizer_temperature = optimizer_temperature
         self.optimizer_retries, self.optimizer_timeout_seconds = optimizer_retries, optimizer_timeout_seconds
-        self.target_score = target_score
         self.seed = seed
         self.state: Search | None = None
         self._calls: OptimizerCalls | None = None
@@ -334,6 +324,21 @@ def _prompts(prompts: Mapping[str, PromptTemplate | str]) -> dict[str, PromptTem
             raise ConfigError(f"prompts[{name!r}] is not a valid {prompt.engine} template: {error}") from None
         found[name] = prompt
     return found
+
+
+def _check_settings(
+    search: str, counts: Mapping[str, int], limits: Mapping[str, int | None], max_seconds: float | None
+) -> None:
+    if search not in ("beam", "pareto"):
+        raise ConfigError(f"search must be 'beam' or 'pareto', got {search!r}")
+    for key, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{key} must be a whole number >= 1, got {value!r}")
+    for key, limit in limits.items():
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"{key} must be a whole number >= 1 or None, got {limit!r}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ConfigError(f"max_seconds must be > 0 or None, got {max_seconds!r}")
 
 
 def _model(llm: LLM | None, role: str) -> LLM | None:

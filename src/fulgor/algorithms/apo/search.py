@@ -81,7 +81,6 @@ class Search:
     rng: random.Random
     rollouts: int = 0
     optimizer_calls: int = 0
-    optimizer_failures: int = 0
     best_rollouts: int = 0
     best_optimizer_calls: int = 0
     budget_spent: bool = False
@@ -140,9 +139,9 @@ class Search:
         )
         if not ranked:
             return
-        for candidate in pool:
-            candidate.status = "kept" if candidate in ranked[: settings.beam_width] else "dropped"
         self.beam = [c.id for c in ranked[: settings.beam_width]]
+        for candidate in pool:
+            candidate.status = "kept" if candidate.id in self.beam else "dropped"
         leader = ranked[0]
         await self.score(session, step, [leader], _all(session.val))
         self._maybe_best(leader, len(session.val))
