@@ -17,6 +17,8 @@ from fulgor import PromptTemplate
 from fulgor.testing import RoomsModel, RoomsOptimizer, simulated_optimizer, simulated_rooms_model
 from fulgor.testing.rooms import HARD_RULES, RULE_SENTENCES, TIE_BREAKS, read_request, stated_rules
 
+SEED = SEED_PROMPT.template
+
 # What Agent Lightning 0.3.0's APO sends its critic (text_gradient_variant01-03) and its editor
 # (apply_edit_variant01-02): its POML templates rendered by poml 0.0.8 with format="openai_chat", for
 # the seed prompt, two experiments (rewards 0.0 and 1.0) and the critique "- The room must seat every
@@ -30,15 +32,7 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
                 "\n"
                 "# Original Prompt Template\n"
                 "\n"
-                "Book a meeting room for this meeting.\n"
-                "Date: {date}\n"
-                "Start: {time}\n"
-                "Length: {duration_minutes} minutes\n"
-                "Attendees: {attendees}\n"
-                "Needs: {needs}\n"
-                "Wheelchair access: {accessible}\n"
-                "Look the rooms up with the list_rooms tool, then reply with only the name of the "
-                "room to book, or No Room if there is none.\n"
+                f"{SEED}\n"
                 "\n"
                 "# Experiments with Original Prompt Template\n"
                 "\n"
@@ -88,15 +82,7 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
                 "\n"
                 "# Current Prompt Template\n"
                 "\n"
-                "Book a meeting room for this meeting.\n"
-                "Date: {date}\n"
-                "Start: {time}\n"
-                "Length: {duration_minutes} minutes\n"
-                "Attendees: {attendees}\n"
-                "Needs: {needs}\n"
-                "Wheelchair access: {accessible}\n"
-                "Look the rooms up with the list_rooms tool, then reply with only the name of the "
-                "room to book, or No Room if there is none.\n"
+                f"{SEED}\n"
                 "\n"
                 "# Sample Runs with Current Prompt Template\n"
                 "\n"
@@ -242,15 +228,7 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
             "content": (
                 "# Prompt\n"
                 "\n"
-                "Book a meeting room for this meeting.\n"
-                "Date: {date}\n"
-                "Start: {time}\n"
-                "Length: {duration_minutes} minutes\n"
-                "Attendees: {attendees}\n"
-                "Needs: {needs}\n"
-                "Wheelchair access: {accessible}\n"
-                "Look the rooms up with the list_rooms tool, then reply with only the name of the "
-                "room to book, or No Room if there is none.\n"
+                f"{SEED}\n"
                 "\n"
                 "# Sample Runs of the Prompts (Historical Messages and Rewards)\n"
                 "\n"
@@ -310,15 +288,7 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
             "content": (
                 "# Prompt Template\n"
                 "\n"
-                "Book a meeting room for this meeting.\n"
-                "Date: {date}\n"
-                "Start: {time}\n"
-                "Length: {duration_minutes} minutes\n"
-                "Attendees: {attendees}\n"
-                "Needs: {needs}\n"
-                "Wheelchair access: {accessible}\n"
-                "Look the rooms up with the list_rooms tool, then reply with only the name of the "
-                "room to book, or No Room if there is none.\n"
+                f"{SEED}\n"
                 "\n"
                 "# Critique\n"
                 "\n"
@@ -350,15 +320,7 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
             "content": (
                 "### PROMPT\n"
                 "\n"
-                "Book a meeting room for this meeting.\n"
-                "Date: {date}\n"
-                "Start: {time}\n"
-                "Length: {duration_minutes} minutes\n"
-                "Attendees: {attendees}\n"
-                "Needs: {needs}\n"
-                "Wheelchair access: {accessible}\n"
-                "Look the rooms up with the list_rooms tool, then reply with only the name of the "
-                "room to book, or No Room if there is none.\n"
+                f"{SEED}\n"
                 "\n"
                 "### CRITIQUE\n"
                 "\n"
@@ -369,7 +331,6 @@ AGL_MESSAGES: dict[str, list[dict[str, str]]] = {
     ],
 }
 
-SEED = SEED_PROMPT.template
 RULES = HARD_RULES + TIE_BREAKS
 CRITIQUE = "- The room must seat every attendee.\n- Then prefer the closest room."
 
