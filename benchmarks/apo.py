@@ -40,10 +40,10 @@ Both sides use ``--n-runners`` runner processes (2); each of fulgor's runs up to
 (its default ``max_concurrency``), each of Agent Lightning's one at a time. A repetition's seed
 (0, 1, 2, ...) is the simulated optimiser's seed and each algorithm's (fulgor's ``APO(seed=)``,
 Agent Lightning's ``random.seed``: its APO draws from the ``random`` module). The simulations are
-deterministic, the searches not quite: fulgor numbers a candidate when its proposal finishes, and
-Pareto draws parents from the candidates in that order; one of Agent Lightning's critic templates
-shows the rollouts' spans (ids, times), and the simulated critic's draw depends on all it is
-shown. So one seed's figures differ a little from run to run; the medians are what counts.
+deterministic, and so is fulgor's search for a seed (a step's answers are read in the order its
+proposals were planned); Agent Lightning's is not quite: one of its critic templates shows the
+rollouts' spans (ids, times), and the simulated critic's draw depends on all it is shown. So its
+figures for one seed differ a little from run to run; the medians are what counts.
 
 What is counted: rollouts as each search starts them (fulgor: its ``rollouts_total``, which
 counts every rollout it runs; a candidate's reward on a validation task is measured once and
@@ -263,22 +263,24 @@ def run_side(
     return result, wall, cpu
 
 
-def run_fulgor(
-    search: str, seed: int, urls: dict[str, str], n_runners: int, settings: dict[str, Any]
-) -> SideRun:
-    name = f"fulgor-{search}-seed{seed}"
-    spec = {
-        "search": search,
+def _spec(seed: int, urls: dict[str, str], n_runners: int) -> dict[str, Any]:
+    """What every side's run is told: the seeds, the two servers, the runners."""
+    return {
         "seed": seed,
         "dataset_seed": DATASET_SEED,
         "model_url": urls["model"],
         "model": MODEL,
         "optimizer_url": urls["optimizer"],
         "optimizer_model": OPTIMIZER_MODEL,
-        "run_dir": str(BENCH_DIR / name),
         "n_runners": n_runners,
-        **settings,
     }
+
+
+def run_fulgor(
+    search: str, seed: int, urls: dict[str, str], n_runners: int, settings: dict[str, Any]
+) -> SideRun:
+    name = f"fulgor-{search}-seed{seed}"
+    spec = {"search": search, **_spec(seed, urls, n_runners), "run_dir": str(BENCH_DIR / name), **settings}
     spec_path = BENCH_DIR / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     command = [sys.executable, str(FULGOR_SCRIPT), "run", f"--spec={spec_path}"]
@@ -299,16 +301,7 @@ def run_fulgor(
 
 def run_agl(python: Path, seed: int, urls: dict[str, str], n_runners: int) -> tuple[SideRun, dict[str, Any]]:
     name = f"agl-seed{seed}"
-    spec = {
-        "seed_prompt": rooms_agent.SEED_PROMPT.template,
-        "seed": seed,
-        "dataset_seed": DATASET_SEED,
-        "model_url": urls["model"],
-        "model": MODEL,
-        "optimizer_url": urls["optimizer"],
-        "optimizer_model": OPTIMIZER_MODEL,
-        "n_runners": n_runners,
-    }
+    spec = {"seed_prompt": rooms_agent.SEED_PROMPT.template, **_spec(seed, urls, n_runners)}
     spec_path = BENCH_DIR / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     env = _agl_env()
