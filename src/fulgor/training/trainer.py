@@ -327,7 +327,7 @@ class Trainer:
                         track(log.history[-1])
                         progress.update(log.history[-1])
                         if search.finished(log.elapsed_seconds()):
-                            logger.info("step %d: %s used up its budget; stopping", step, search.name)
+                            logger.info("step %d: %s reached its target or budget", step, search.name)
                             break
                 finally:
                     await search.close()
