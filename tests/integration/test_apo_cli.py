@@ -102,3 +102,19 @@ def test_a_prompt_entry_must_be_name_equals_file(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["train", "--agent", AGENT, "--algorithm", "apo", "--prompt", "prompt.txt"])
     assert "is not NAME=FILE" in capsys.readouterr().err
+
+
+def test_a_prompt_file_ending_in_j2_or_jinja_is_a_jinja_template(tmp_path: Path) -> None:
+    from fulgor.cli.train import _read_prompts
+
+    (tmp_path / "a.j2").write_text("Solve {{ q }}.\n")
+    (tmp_path / "b.jinja").write_text("Then {{ q }}.")
+    (tmp_path / "c.txt").write_text("Answer {q}.")
+    prompts = _read_prompts(
+        [("a", tmp_path / "a.j2"), ("b", tmp_path / "b.jinja"), ("c", tmp_path / "c.txt")]
+    )
+    assert [(p.engine, p.template) for p in prompts.values()] == [
+        ("jinja", "Solve {{ q }}."),
+        ("jinja", "Then {{ q }}."),
+        ("f-string", "Answer {q}."),
+    ]
