@@ -7,7 +7,8 @@ Rules (docs/architecture.md, "Trajectories"):
   exactly (prompt + response); the tokens in between (tool results, user turns) join the row as
   context under loss mask 0. Anything else starts a new row and counts as a merge break: a chat
   template that is not append-only (one that drops earlier reasoning, say) cannot be trained as
-  one sequence, and re-tokenising it would train on tokens the model never sampled.
+  one sequence, and re-tokenising it would train on tokens the model never sampled. Calls of
+  different agents never merge: the next agent's call starts a new row (not a merge break).
 * Calls without engine token ids are never trained on; they are counted. So are calls without
   the engine's logprobs: the update weighs each token by its sampling logprob, and a made-up value
   would silently skew it. Failed calls (``ModelCall.error``) and calls that sampled no token are
@@ -18,8 +19,10 @@ Rules (docs/architecture.md, "Trajectories"):
   started), plus later ones discounted by ``discount`` per later call. A rollout without reward
   spans (its reward passed in) gets that reward on its last call. The built-in GRPO update trains
   on the rollout reward; ``returns`` are there for algorithms that assign credit per call.
-* ``agent_match`` (a regular expression on the recorded agent name) keeps only the calls of the
-  chosen agents of a multi-agent system.
+* ``agent_match`` (a regular expression, searched in each call's agent name: the ``X-Fulgor-Agent``
+  header, else the agent its OpenTelemetry spans name, see :mod:`fulgor.adapters.agents`) keeps
+  only the calls of the chosen agents of a multi-agent system; the others are counted as not
+  matched (their text stays in a later call's prompt as context, under mask 0).
 
 Every step reports what it did in a :class:`DriftReport`, and :func:`verify_rows` re-checks that
 every trained token equals the id the engine returned for that position.
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from fulgor import semconv
+from fulgor.adapters.agents import with_agent_names
 from fulgor.types import ModelCall, Rollout, Span
 
 __all__ = [
@@ -59,6 +63,8 @@ class TrajectoryRow:
     """Indices (into the rollout's trained calls) of the calls merged into this row."""
     returns: list[float] = field(default_factory=list)
     """Per token: the return of the call that sampled it (``per_call`` mode), else the reward."""
+    agent_name: str | None = None
+    """The agent whose calls the row holds: calls of different agents never share a row."""
 
     @property
     def trained_tokens(self) -> int:
@@ -128,12 +134,14 @@ class DriftReport:
 
 
 def model_calls(spans: Sequence[Span]) -> list[tuple[Span, ModelCall]]:
-    """The rollout's model calls in store order (one span may hold one call per sampled choice)."""
+    """The rollout's model calls in store order (one span may hold one call per sampled choice),
+    each with its agent's name: the one its request named, else the one its ancestor spans give
+    (:mod:`fulgor.adapters.agents`)."""
     calls = []
     for span in sorted(spans, key=lambda s: s.sequence_id or 0):
         if span.name == semconv.SPAN_MODEL_CALL and semconv.ATTR_MODEL_CALL in span.attributes:
             calls.append((span, ModelCall.model_validate(span.attributes[semconv.ATTR_MODEL_CALL])))
-    return calls
+    return with_agent_names(calls, spans)
 
 
 def _reward_spans(spans: Sequence[Span]) -> list[Span]:
@@ -273,12 +281,13 @@ def _merge(
         prompt = call.prompt_token_ids or []
         response = call.response_token_ids or []
         logprobs = call.response_logprobs or []  # one per response id (see _trainable_calls)
-        if row is not None and prompt[: len(row.token_ids)] == row.token_ids:
+        same_agent = row is not None and row.agent_name == call.agent_name
+        if row is not None and same_agent and prompt[: len(row.token_ids)] == row.token_ids:
             context = prompt[len(row.token_ids) :]
         else:
-            if row is not None:
+            if row is not None and same_agent:
                 report.merge_breaks += 1
-            row = TrajectoryRow()
+            row = TrajectoryRow(agent_name=call.agent_name)
             rows.append(row)
             context = prompt
         row.token_ids += context + response

@@ -9,12 +9,19 @@ left alone, and so are spans started in a thread the agent started without carry
 name over the store's limit is cut to it, and a span that cannot be converted is logged and
 counted in its rollout's ``spans_lost``.
 
+:func:`instrument_langchain` turns on OpenTelemetry's LangChain instrumentation for an agent
+written with LangChain or LangGraph: its spans name the LangGraph node each model call ran in, and
+it sends that call's ``traceparent`` header, so the gateway's record of the call can be traced to
+its node (:mod:`fulgor.adapters.agents`). Runners call it when the agent has imported LangChain.
+
 Needs the ``opentelemetry-sdk`` package (``pip install 'fulgor[frameworks]'``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace import Span as SdkSpan
 
-__all__ = ["install"]
+__all__ = ["install", "instrument_langchain"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,24 @@ def install(tracer_provider: TracerProvider | None = None) -> TracerProvider:
         provider.add_span_processor(_processor())
         provider._fulgor_bridge = True  # type: ignore[attr-defined]
     return provider
+
+
+def instrument_langchain() -> bool:
+    """Instrument LangChain with ``opentelemetry-instrumentation-langchain`` when the agent uses
+    LangChain (``langchain_core`` is imported) and that package is installed; True when it is
+    instrumented (now or before). Prompts and completions are kept out of its spans unless
+    ``TRACELOOP_TRACE_CONTENT`` says otherwise: the gateway records every call whole already."""
+    if "langchain_core" not in sys.modules:
+        return False
+    try:
+        from opentelemetry.instrumentation.langchain import LangchainInstrumentor
+    except ImportError:
+        return False
+    os.environ.setdefault("TRACELOOP_TRACE_CONTENT", "false")
+    instrumentor = LangchainInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+    return True
 
 
 def _processor() -> Any:

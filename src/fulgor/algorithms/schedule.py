@@ -9,6 +9,7 @@ answer these parts of :class:`~fulgor.algorithms.base.Algorithm` itself.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,7 @@ class StepSchedule:
     top_p: float
     max_tokens: int
     max_trajectory_tokens: int | None
+    agent_match: str | None
 
     def check_schedule(self, counts: Sequence[str] = ()) -> None:
         """A ConfigError, named for the algorithm's class, for the first of these settings out of
@@ -49,6 +51,14 @@ class StepSchedule:
             )
         if self.max_trajectory_tokens is not None and self.max_trajectory_tokens < 2:
             raise ConfigError(f"max_trajectory_tokens must be >= 2, got {self.max_trajectory_tokens}")
+        if self.agent_match is not None:
+            try:
+                re.compile(self.agent_match)
+            except re.error as error:
+                raise ConfigError(
+                    f"{kind} agent_match {self.agent_match!r} is not a regular expression ({error}); "
+                    "write one that matches agent names, e.g. 'write|rewrite'"
+                ) from None
 
     def sampling_parameters(self, mode: RolloutMode) -> JsonDict:
         """What the agent passes to the model: the training temperature, or greedy for validation."""

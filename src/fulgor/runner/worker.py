@@ -64,7 +64,9 @@ class RunnerConfig:
     it), looked up per rollout rather than stored here, where it would travel with the config
     (command lines, logs); with neither, agents get no key (a gateway without one checks none)."""
     opentelemetry: bool = True
-    """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk)."""
+    """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk), and
+    instrument a LangChain or LangGraph agent when OpenTelemetry's LangChain instrumentation is
+    installed (see :func:`fulgor.agent.otel.instrument_langchain`)."""
     span_retry_seconds: float = 30.0
     """How long a store that is away is retried before the agent's spans count as lost."""
 
@@ -311,3 +313,6 @@ def _install_opentelemetry_bridge() -> None:
         otel.install()
     except FulgorError as missing:
         logger.debug("OpenTelemetry spans will not be recorded: %s", missing)
+        return
+    if otel.instrument_langchain():
+        logger.debug("LangChain is instrumented: each model call is attributed to its LangGraph node")

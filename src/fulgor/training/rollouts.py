@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +53,8 @@ class RolloutOutcome:
     drift: DriftReport = field(default_factory=DriftReport)
     error: str | None = None
     tool_calls: int = 0
+    agent_names: tuple[str | None, ...] = ()
+    """The agent of each of its model calls (None for a call no header or span names)."""
 
     @property
     def sampled_tokens(self) -> int:
@@ -128,6 +132,7 @@ async def read_outcome(
     latest = attempts[-1] if attempts else None
     lost = spans_lost + (_lost_in(latest.metadata) if latest is not None else 0)
     calls = model_calls(spans)
+    agents = tuple(call.agent_name for _, call in calls)
     reward = rollout_reward(spans)
     tool_calls = sum(len(requested_tools(call)) for _, call in calls)
     if rollout.status != "succeeded":
@@ -138,9 +143,13 @@ async def read_outcome(
         error = f"{unreadable} of its spans could not be read back (the store's log says which rollout)"
     else:
         trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
-        return RolloutOutcome(rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls)
+        return RolloutOutcome(
+            rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls, agent_names=agents
+        )
     drift = DriftReport(spans_lost=lost, spans_unreadable=unreadable)
-    return RolloutOutcome(rollout, reward, len(calls), None, drift, error=error, tool_calls=tool_calls)
+    return RolloutOutcome(
+        rollout, reward, len(calls), None, drift, error=error, tool_calls=tool_calls, agent_names=agents
+    )
 
 
 def _readable(spans: Sequence[Span]) -> tuple[list[Span], int]:
@@ -172,6 +181,29 @@ def requested_tools(call: ModelCall) -> list[Any]:
     message = call.response.get("message")
     requested = message.get("tool_calls") if isinstance(message, dict) else None
     return requested if isinstance(requested, list) else []
+
+
+def agent_match_problem(agent_match: str | None, outcomes: Sequence[RolloutOutcome]) -> str | None:
+    """Why ``agent_match`` can train nothing: the rollouts made model calls, but none of an agent
+    whose name it matches (the names seen are listed); None when it matched one, or nothing ran."""
+    if agent_match is None:
+        return None
+    seen = Counter(name for outcome in outcomes for name in outcome.agent_names)
+    pattern = re.compile(agent_match)
+    if not seen or any(name is not None and pattern.search(name) for name in seen):
+        return None
+    names = ", ".join(
+        f"{name!r} ({count} call{'s' * (count != 1)})" for name, count in sorted(seen.items(), key=_by_name)
+    )
+    return (
+        f"agent_match {agent_match!r} matches none of the agents these rollouts' model calls came from: "
+        f"{names}. None is a call whose request had no X-Fulgor-Agent header and whose OpenTelemetry "
+        "spans name no agent; match one of the names seen (a regular expression searched in the name)"
+    )
+
+
+def _by_name(item: tuple[str | None, int]) -> tuple[bool, str]:
+    return item[0] is None, item[0] or ""
 
 
 def groups_without_signal(outcomes: Sequence[RolloutOutcome]) -> int:

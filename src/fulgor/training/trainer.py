@@ -56,7 +56,13 @@ from fulgor.training.reports import (
     RolloutReport,
     drift_total,
 )
-from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, read_outcome, run_rollouts
+from fulgor.training.rollouts import (
+    RolloutOutcome,
+    agent_match_problem,
+    groups_without_signal,
+    read_outcome,
+    run_rollouts,
+)
 from fulgor.training.run_report import read_metrics
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
@@ -258,6 +264,10 @@ class Trainer:
                     rollouts, timer = await collector.take(step, resources)  # collected ahead, or now
                     with timer("build_trajectories"):
                         outcomes = await self.build_trajectories(services, rollouts)
+                    if step == start_step + 1:  # before any update: a wrong pattern would train nothing
+                        problem = agent_match_problem(self._algorithm.agent_match, outcomes)
+                        if problem is not None:
+                            raise ConfigError(problem)
                     last = step == self._algorithm.max_steps or self._algorithm.out_of_time(
                         log.elapsed_seconds()
                     )

@@ -137,6 +137,33 @@ def test_agent_match_trains_only_the_chosen_agents() -> None:
     assert report.calls_not_matched == 1
 
 
+def test_calls_of_different_agents_never_share_a_row() -> None:
+    # The rewriter's prompt extends the writer's row exactly, yet it is another agent's call.
+    spans = Spans().call([1, 2], [3], agent="write_query").call([1, 2, 3, 4], [5], agent="rewrite_query")
+    spans.call([1, 2, 3, 4, 5, 6], [7], agent="rewrite_query").reward(1.0)
+    trajectory, report = build_trajectory(ROLLOUT, spans.spans)
+    assert trajectory is not None
+    assert [(row.agent_name, row.token_ids) for row in trajectory.rows] == [
+        ("write_query", [1, 2, 3]),
+        ("rewrite_query", [1, 2, 3, 4, 5, 6, 7]),
+    ]
+    assert trajectory.rows[1].loss_mask == [0, 0, 0, 0, 1, 0, 1]  # the writer's tokens are context here
+    assert report.merge_breaks == 0  # a new agent is not a broken conversation
+
+
+def test_a_checker_between_two_trained_agents_stays_context() -> None:
+    spans = Spans().call([1], [2], agent="write_query").call([1, 2, 3], [4], agent="check_query")
+    spans.call([1, 2, 3, 4, 5], [6], agent="rewrite_query").reward(1.0)
+    trajectory, report = build_trajectory(ROLLOUT, spans.spans, agent_match="write|rewrite")
+    assert trajectory is not None
+    assert [row.agent_name for row in trajectory.rows] == ["write_query", "rewrite_query"]
+    rewrite = trajectory.rows[1]
+    assert rewrite.token_ids == [1, 2, 3, 4, 5, 6]
+    assert rewrite.loss_mask == [0, 0, 0, 0, 0, 1]  # the checker's answer (4) is context, never trained
+    assert report.calls_not_matched == 1
+    assert report.calls_trained == 2
+
+
 def test_final_reward_is_the_last_reward_and_per_call_returns_are_discounted() -> None:
     spans = Spans().call([1], [2]).reward(0.5).call([1, 2, 3], [4]).reward(1.0).spans
     final, _ = build_trajectory(ROLLOUT, spans)

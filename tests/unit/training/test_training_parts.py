@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -11,12 +12,17 @@ from typing import Any
 
 import pytest
 
-from fulgor import Agent, rollout
+from fulgor import GRPO, Agent, rollout
 from fulgor.adapters import DriftReport, Trajectory
 from fulgor.errors import ConfigError
 from fulgor.training.checkpoints import latest_checkpoint
 from fulgor.training.reports import DevReport, MetricsLog, PhaseTimer, ProgressBar, RolloutReport
-from fulgor.training.rollouts import RolloutOutcome, groups_without_signal, requested_tools
+from fulgor.training.rollouts import (
+    RolloutOutcome,
+    agent_match_problem,
+    groups_without_signal,
+    requested_tools,
+)
 from fulgor.training.runners import agent_spec
 from fulgor.training.tracking import start_tracking
 from fulgor.types import JsonDict, ModelCall, Rollout
@@ -84,6 +90,21 @@ def outcome(status: str, reward: float | None, drift: DriftReport | None = None)
     rollout = Rollout(rollout_id=f"ro-{status}", input={}, status=status, enqueue_time=0.0)  # type: ignore[arg-type]
     error = None if status == "succeeded" else "ValueError: boom"
     return RolloutOutcome(rollout, reward, 1, None, drift or DriftReport(calls_total=1), error)
+
+
+def test_an_agent_match_that_matches_no_recorded_agent_names_the_agents_seen() -> None:
+    def made(*agents: str | None) -> RolloutOutcome:
+        return dataclasses.replace(trained("g", 1.0, 0), agent_names=agents)
+
+    outcomes = [made("write_query", "check_query"), made("write_query", None)]
+    problem = agent_match_problem("^writer$", outcomes)
+    assert problem is not None
+    assert "'check_query' (1 call), 'write_query' (2 calls), None (1 call)" in problem
+    assert agent_match_problem("write|rewrite", outcomes) is None
+    assert agent_match_problem(None, outcomes) is None
+    assert agent_match_problem("^writer$", [made()]) is None  # no call at all: nothing to judge by
+    with pytest.raises(ConfigError, match="not a regular expression"):
+        GRPO(agent_match="write(")
 
 
 def test_tool_calls_are_counted_from_the_recorded_responses() -> None:
