@@ -21,14 +21,14 @@ from examples.sql.agent import AGENTS, sql_agent, sql_agent_headers
 from examples.sql.database import build_database
 from examples.sql.dataset import make_splits
 from fulgor import GRPO, Trainer
-from fulgor.adapters import model_calls
-from fulgor.adapters.trajectory import rollout_feedback, rollout_reward
+from fulgor.adapters import DriftReport, model_calls, rollout_feedback, rollout_reward
 from fulgor.agent.base import Runnable
 from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.engine.prompts import chat_prompt_ids
 from fulgor.engine.protocol import ChatCompletionRequest
+from fulgor.errors import ConfigError
 from fulgor.store import SqliteStore
 from fulgor.types import ModelCall, Span
 
@@ -41,13 +41,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str
     return init_model(root / "tiny", "tiny", seed=0), tasks
 
 
-def run(tmp_path: Path, model_dir: Path, agent: Runnable, tasks: list[dict[str, Any]]) -> list[list[Span]]:
+def trainer(run_dir: Path, model_dir: Path, **options: Any) -> Trainer:
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=512, seed=0)
-    algorithm = GRPO(group_size=2, batch_tasks=1, max_tokens=12)
-    trainer = Trainer(
-        algorithm=algorithm, engine=engine, run_dir=tmp_path / "run", n_runners=1, torch_threads=1
-    )
-    report = trainer.dev(agent, tasks)
+    algorithm = GRPO(group_size=2, batch_tasks=2, max_tokens=12, val_before_training=False, **options)
+    return Trainer(algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=1, torch_threads=1)
+
+
+def run(tmp_path: Path, model_dir: Path, agent: Runnable, tasks: list[dict[str, Any]]) -> list[list[Span]]:
+    report = trainer(tmp_path / "run", model_dir).dev(agent, tasks)
     assert all(r.status == "succeeded" for r in report.rollouts), report
 
     async def read() -> list[list[Span]]:
@@ -109,3 +110,28 @@ def test_a_graph_that_loops_past_its_round_limit_scores_zero_and_says_why(tmp_pa
     [looped] = run(tmp_path, model_dir, never_stops, tasks[:1])
     assert rollout_reward(looped) == 0.0
     assert "ran past its limit of 3 rounds" in (rollout_feedback(looped) or "")
+
+
+def test_agent_match_trains_the_writer_and_rewriter_and_counts_the_checker_apart(
+    tmp_path: Path, setup: Any
+) -> None:
+    model_dir, tasks = setup
+    [metrics] = trainer(tmp_path, model_dir, max_steps=1, agent_match="write|rewrite").fit(
+        always_rewrite, tasks
+    )
+    # Each rollout: the writer once and the rewriter twice (trained), the checker three times (not).
+    assert metrics["drift/calls_total"] == 4 * 6
+    assert metrics["drift/calls_not_matched"] == 4 * 3
+    assert metrics["drift/calls_trained"] == 4 * 3
+    assert all(metrics[f"drift/{name}"] == 0 for name in DriftReport.LOSSES)
+
+
+def test_an_agent_match_that_matches_no_agent_stops_the_first_step_naming_the_agents(
+    tmp_path: Path, setup: Any
+) -> None:
+    model_dir, tasks = setup
+    with pytest.raises(ConfigError, match="agent_match '\\^writer\\$' matches none") as failure:
+        trainer(tmp_path, model_dir, max_steps=3, agent_match="^writer$").fit(sql_agent, tasks)
+    assert "'check_query'" in failure.value.message
+    assert "'write_query'" in failure.value.message
+    assert not (tmp_path / "checkpoints").exists()  # stopped before any update
