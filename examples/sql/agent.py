@@ -167,8 +167,9 @@ def build_graph(llms: dict[str, ChatOpenAI], database: Path, *, route: Route = _
     return graph.compile()
 
 
-RECURSION_LIMIT = 3 * MAX_ROUNDS
-"""LangGraph steps MAX_ROUNDS rounds take: write, execute, check, then rewrite, execute, check."""
+RECURSION_LIMIT = 3 * MAX_ROUNDS + 1
+"""LangGraph's limit for MAX_ROUNDS rounds: they take 3 steps each (write or rewrite, execute,
+check), and LangGraph stops a graph once its steps reach the limit."""
 
 
 async def run_graph(graph: Any, task: dict[str, Any]) -> tuple[float, str, SqlState | None]:

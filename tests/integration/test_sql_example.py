@@ -7,6 +7,7 @@ OpenTelemetry spans, or from an X-Fulgor-Agent header) and the engine's exact to
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("langgraph")
 
-from agents.sql_agents import always_rewrite, never_stops
+from agents.sql_agents import always_rewrite, graded_rewrites, never_stops
+from safetensors.torch import load_file
 
 from examples.sql.agent import AGENTS, sql_agent, sql_agent_headers
 from examples.sql.database import build_database
@@ -23,6 +25,8 @@ from examples.sql.dataset import make_splits
 from fulgor import GRPO, Trainer
 from fulgor.adapters import DriftReport, model_calls, rollout_feedback, rollout_reward
 from fulgor.agent.base import Runnable
+from fulgor.algorithms.grpo import GRPOConfig
+from fulgor.algorithms.lora import LoraConfig
 from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
@@ -41,24 +45,34 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str
     return init_model(root / "tiny", "tiny", seed=0), tasks
 
 
-def trainer(run_dir: Path, model_dir: Path, **options: Any) -> Trainer:
+def trainer(
+    run_dir: Path, model_dir: Path, *, learning_rate: float = 1e-3, resume: bool = False, **options: Any
+) -> Trainer:
     engine = EngineConfig(model=model_dir, device="cpu", max_model_len=512, seed=0)
-    algorithm = GRPO(group_size=2, batch_tasks=2, max_tokens=12, val_before_training=False, **options)
-    return Trainer(algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=1, torch_threads=1)
+    config = GRPOConfig(learning_rate=learning_rate)
+    algorithm = GRPO(
+        group_size=2, batch_tasks=2, max_tokens=12, val_before_training=False, config=config, **options
+    )
+    return Trainer(
+        algorithm=algorithm, engine=engine, run_dir=run_dir, n_runners=1, torch_threads=1, resume=resume
+    )
 
 
-def run(tmp_path: Path, model_dir: Path, agent: Runnable, tasks: list[dict[str, Any]]) -> list[list[Span]]:
-    report = trainer(tmp_path / "run", model_dir).dev(agent, tasks)
-    assert all(r.status == "succeeded" for r in report.rollouts), report
-
+def read_all(run_dir: Path) -> list[list[Span]]:
     async def read() -> list[list[Span]]:
-        store = SqliteStore(tmp_path / "run" / "store.sqlite")
+        store = SqliteStore(run_dir / "store.sqlite")
         try:
             return [list(await store.query_spans(r.rollout_id)) for r in await store.query_rollouts()]
         finally:
             await store.close()
 
     return asyncio.run(read())
+
+
+def run(tmp_path: Path, model_dir: Path, agent: Runnable, tasks: list[dict[str, Any]]) -> list[list[Span]]:
+    report = trainer(tmp_path / "run", model_dir).dev(agent, tasks)
+    assert all(r.status == "succeeded" for r in report.rollouts), report
+    return read_all(tmp_path / "run")
 
 
 def assert_engine_ids(call: ModelCall, tokenizer: Any) -> None:
@@ -103,6 +117,7 @@ def test_headers_name_the_same_agents_and_rewrites_run_to_the_round_limit(tmp_pa
     assert all(call.agent_name for _, call in model_calls(headed))
     [rewritten] = run(tmp_path / "rewrite", model_dir, always_rewrite, tasks[:1])
     assert names(rewritten) == ["write_query", "check_query", *["rewrite_query", "check_query"] * 2]
+    assert "ran past" not in (rollout_feedback(rewritten) or "")  # three rounds are within the limit
 
 
 def test_a_graph_that_loops_past_its_round_limit_scores_zero_and_says_why(tmp_path: Path, setup: Any) -> None:
@@ -135,3 +150,47 @@ def test_an_agent_match_that_matches_no_agent_stops_the_first_step_naming_the_ag
     assert "'check_query'" in failure.value.message
     assert "'write_query'" in failure.value.message
     assert not (tmp_path / "checkpoints").exists()  # stopped before any update
+
+
+def test_one_adapter_per_agent_is_served_routed_trained_and_resumed_apart(tmp_path: Path, setup: Any) -> None:
+    model_dir, tasks = setup
+    adapters = {"write": LoraConfig(rank=4), "rewrite": LoraConfig(rank=2)}
+    history = trainer(tmp_path, model_dir, max_steps=2, adapters=adapters, learning_rate=5e-2).fit(
+        graded_rewrites, tasks
+    )
+    assert [m["step"] for m in history] == [1, 2]
+    for metrics in history:  # each adapter learns from its own agent's calls
+        assert metrics["trained_tokens/write"] > 0
+        assert metrics["trained_tokens/rewrite"] > 0
+        assert metrics["drift/calls_not_matched"] == 4 * 3  # the checker: served by the base, not trained
+    assert any(m["grad_norm/write"] > 0 for m in history)
+    assert any(m["grad_norm/rewrite"] > 0 for m in history)
+    checkpoint = tmp_path / "checkpoints" / "step-2"
+    assert json.loads((checkpoint / "adapters.json").read_text())["adapters"] == ["write", "rewrite"]
+    write, rewrite = (
+        load_file(checkpoint / name / "adapter_model.safetensors") for name in ("write", "rewrite")
+    )
+    assert {t.shape[0] for k, t in write.items() if "lora_A" in k} == {4}
+    assert {t.shape[0] for k, t in rewrite.items() if "lora_A" in k} == {2}
+    assert any(bool(t.abs().sum() > 0) for k, t in write.items() if "lora_B" in k)  # moved from zero
+    assert any(bool(t.abs().sum() > 0) for k, t in rewrite.items() if "lora_B" in k)
+
+    def served(spans: list[Span]) -> list[tuple[str | None, str, int | None]]:
+        return [(c.agent_name, c.request["model"], c.model_version) for _, c in model_calls(spans)]
+
+    calls = [call for spans in read_all(tmp_path) for call in served(spans)]
+    base = model_dir.name
+    assert {(agent, model) for agent, model, _ in calls} == {
+        ("write_query", f"{base}-write"),
+        ("check_query", base),
+        ("rewrite_query", f"{base}-rewrite"),
+    }
+    # Step 1 ran on the fresh adapters (version 0), step 2 on the first update; the base never changes.
+    assert {version for agent, _, version in calls if agent != "check_query"} == {0, 1}
+    assert {version for agent, _, version in calls if agent == "check_query"} == {0}
+
+    resumed = trainer(tmp_path, model_dir, max_steps=3, adapters=adapters, learning_rate=5e-2, resume=True)
+    assert [m["step"] for m in resumed.fit(graded_rewrites, tasks)] == [3]
+    assert (tmp_path / "checkpoints" / "step-3" / "rewrite" / "adapter_config.json").is_file()
+    with pytest.raises(ConfigError, match="one LoRA adapter per agent"):
+        trainer(tmp_path, model_dir, max_steps=4, resume=True).fit(always_rewrite, tasks)

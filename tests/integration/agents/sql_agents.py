@@ -40,3 +40,12 @@ async def always_rewrite(task: dict[str, Any], llm: LLM) -> None:
 async def never_stops(task: dict[str, Any], llm: LLM) -> None:
     """The example's graph with routing that never ends: LangGraph's recursion limit stops it."""
     await _run(task, llm, _forever)
+
+
+@rollout
+async def graded_rewrites(task: dict[str, Any], llm: LLM) -> None:
+    """As :func:`always_rewrite`, rewarded by the final query's length: a reward that varies within
+    a group whatever the model, so that updates have a signal."""
+    graph = build_graph(_llms(llm, headers=False), Path(task["database"]), route=_until_the_limit)
+    _, _, state = await run_graph(graph, task)
+    emit_reward(0.0 if state is None else len(state["query"]) / 100)
