@@ -9,6 +9,7 @@ are documented in :mod:`fulgor.store.base`.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,6 +39,7 @@ __all__ = [
     "SpanStatus",
     "StoreStats",
     "Worker",
+    "agent_key",
 ]
 
 RolloutStatus: TypeAlias = Literal[
@@ -194,6 +196,28 @@ class LLM(_Model):
     model: str
     api_key: str | None = None
     sampling_parameters: JsonDict = Field(default_factory=dict, description="temperature, top_p, ...")
+    agent_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="The model that serves each agent of a multi-agent system, by the start of its "
+        "name ({'write': 'base-write'} serves write_query's calls with base-write; the longest "
+        "matching start wins): a gateway sends a call there when the call names its agent.",
+    )
+
+    def model_for(self, agent: str | None) -> str:
+        """The model that serves ``agent``'s calls: its own in ``agent_models``, else ``model``."""
+        key = None if agent is None else agent_key(self.agent_models, agent)
+        return self.model if key is None else self.agent_models[key]
+
+
+def agent_key(keys: Iterable[str], agent: str) -> str | None:
+    """The longest of ``keys`` that ``agent`` starts with (None when it starts with none): how a
+    multi-agent system's agents are given their own model or adapter.
+
+    >>> agent_key(["write", "rewrite"], "rewrite_query"), agent_key(["write"], "check_query")
+    ('rewrite', None)
+    """
+    matching = [key for key in keys if agent.startswith(key)]
+    return max(matching, key=len) if matching else None
 
 
 class PromptTemplate(_Model):

@@ -52,6 +52,9 @@ class RolloutContext:
     trace_id: str = field(default_factory=lambda: secrets.token_hex(16))
     agent_name: str | None = None
     parent_span_id: str | None = None
+    names_agent_calls: bool = False
+    """The rollout's ``llm`` serves agents with models of their own (``LLM.agent_models``): calls
+    must name their agent when they are made (see :mod:`fulgor.agent.langgraph`)."""
 
     def record(self, span: Span) -> None:
         """Hand ``span`` to the rollout's writer (from any thread; it never blocks). AgentError for

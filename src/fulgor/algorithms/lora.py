@@ -67,15 +67,21 @@ def _require_peft() -> Any:
     return peft
 
 
-def add_adapter(model: Any, config: LoraConfig, base_path: Path) -> Any:
+def add_adapter(
+    model: Any, config: LoraConfig, base_path: Path, *, name: str = "default", first: bool = True
+) -> Any:
     """``model`` (loaded from ``base_path``) wrapped with a fresh adapter; only the adapter trains.
 
     The adapter records ``base_path`` as an absolute path: the engine and a resumed run find the
-    base weights through it.
+    base weights through it. With ``first=False``, ``model`` is a peft model already and gets one
+    more adapter, ``name`` (one per agent over one base).
     """
     peft = _require_peft()
     try:
-        return peft.get_peft_model(model, config.to_peft(base_path))
+        if first:
+            return peft.get_peft_model(model, config.to_peft(base_path), adapter_name=name)
+        model.add_adapter(name, config.to_peft(base_path))
+        return model
     except ValueError as exc:  # e.g. a target module the model does not have
         raise ConfigError(
             f"cannot add a LoRA adapter to {base_path}: {exc} (set LoraConfig.target_modules to module "
@@ -95,8 +101,11 @@ def adapter_base(adapter_dir: Path) -> Path:
     return Path(base)
 
 
-def load_adapter(model: Any, adapter_dir: Path, config: LoraConfig) -> Any:
-    """The adapter saved in ``adapter_dir`` over ``model`` (its base), trainable again.
+def load_adapter(
+    model: Any, adapter_dir: Path, config: LoraConfig, *, name: str = "default", first: bool = True
+) -> Any:
+    """The adapter saved in ``adapter_dir`` over ``model`` (its base), trainable again; with
+    ``first=False`` it joins the adapters of ``model``, a peft model already, as ``name``.
 
     ``config`` must describe the saved adapter: continuing with another rank, alpha or set of
     modules is refused rather than silently ignored (``"all-linear"`` is saved as the modules it
@@ -115,4 +124,7 @@ def load_adapter(model: Any, adapter_dir: Path, config: LoraConfig) -> Any:
             f"and target modules {saved_targets}, but {config} was asked for; continue with the saved "
             "settings or start a new run directory"
         )
-    return peft.PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+    if first:
+        return peft.PeftModel.from_pretrained(model, adapter_dir, adapter_name=name, is_trainable=True)
+    model.load_adapter(adapter_dir, adapter_name=name, is_trainable=True)
+    return model

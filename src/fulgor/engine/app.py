@@ -18,7 +18,7 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -140,9 +140,15 @@ def _install_error_handlers(app: FastAPI) -> None:
         )
 
 
-def _check_model(engine: LocalEngine, requested: str) -> None:
-    if requested != engine.model_name:
-        raise UnknownModelError(requested, engine.model_name)
+Served = dict[str, LocalEngine]
+"""The engines an app serves, by model name: the model, then one per LoRA adapter."""
+
+
+def _engine_for(served: Served, requested: str) -> LocalEngine:
+    engine = served.get(requested)
+    if engine is None:
+        raise UnknownModelError(requested, ", ".join(served))
+    return engine
 
 
 def _stop_token_ids(engine: LocalEngine, body: ChatCompletionRequest | CompletionRequest) -> tuple[int, ...]:
@@ -219,8 +225,8 @@ async def _unless_client_gone(request: Request, work: Coroutine[Any, Any, _T]) -
     return None
 
 
-async def _chat(engine: LocalEngine, request: Request, body: ChatCompletionRequest) -> Response:
-    _check_model(engine, body.model)
+async def _chat(served: Served, request: Request, body: ChatCompletionRequest) -> Response:
+    engine = _engine_for(served, body.model)
     prompt_ids = chat_prompt_ids(engine.tokenizer, body)
     max_tokens = engine.check_context(len(prompt_ids), body.max_output_tokens)
     params = _sampling_params(engine, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else 0)
@@ -244,8 +250,8 @@ async def _chat(engine: LocalEngine, request: Request, body: ChatCompletionReque
     return JSONResponse(result)
 
 
-async def _completions(engine: LocalEngine, request: Request, body: CompletionRequest) -> Response:
-    _check_model(engine, body.model)
+async def _completions(served: Served, request: Request, body: CompletionRequest) -> Response:
+    engine = _engine_for(served, body.model)
     prompts = completion_prompt_ids(engine.tokenizer, body)
     limits = [engine.check_context(len(ids), body.max_tokens) for ids in prompts]
     top = body.logprobs or 0
@@ -274,33 +280,37 @@ async def _completions(engine: LocalEngine, request: Request, body: CompletionRe
     return JSONResponse(result)
 
 
-def _openai_router(engine: LocalEngine) -> APIRouter:
+def _card(name: str, engine: LocalEngine) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "fulgor",
+        "root": str(engine.model.path),
+        "max_model_len": engine.max_model_len,
+        "model_version": engine.model_version,
+    }
+
+
+def _openai_router(served: Served) -> APIRouter:
     router = APIRouter()
+    engine = next(iter(served.values()))
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": engine.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "fulgor",
-            "root": str(engine.model.path),
-            "max_model_len": engine.max_model_len,
-            "model_version": engine.model_version,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [_card(name, each) for name, each in served.items()]}
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
-        return await _chat(engine, request, body)
+        return await _chat(served, request, body)
 
     @router.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
-        return await _completions(engine, request, body)
+        return await _completions(served, request, body)
 
     @router.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.model_name, **engine.stats()}
+        return {"status": "ok", "model": engine.model_name, **engine.stats(), "models": list(served)}
 
     return router
 
@@ -316,13 +326,15 @@ def _authorize(expected: str | None, authorization: str | None) -> None:
         raise AdminAuthError("missing or wrong admin token; send Authorization: Bearer <admin token>")
 
 
-def _admin_router(engine: LocalEngine) -> APIRouter:
+def _admin_router(served: Served) -> APIRouter:
     router = APIRouter()
+    engine = next(iter(served.values()))
 
     @router.post("/admin/weights")
     async def swap_weights(body: WeightSwapRequest, authorization: str | None = Header(default=None)) -> Any:
         _authorize(engine.config.admin_token, authorization)
-        swap = await engine.swap_weights(body.path)
+        target = engine if body.model is None else _engine_for(served, body.model)
+        swap = await target.swap_weights(body.path)
         return {"model_version": swap.model_version, "path": str(swap.path), "kind": swap.kind}
 
     return router
@@ -395,22 +407,35 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def create_app(
     engine: LocalEngine,
     *,
+    adapters: Sequence[LocalEngine] = (),
     max_body_bytes: int = limits.MAX_BODY_BYTES,
     body_timeout_seconds: float = limits.BODY_TIMEOUT_SECONDS,
 ) -> FastAPI:
-    """The engine's FastAPI app; its lifespan starts and stops ``engine``."""
+    """The engine's FastAPI app; its lifespan starts and stops ``engine``.
+
+    ``adapters`` are engines serving the model with one LoRA adapter each (merged into a copy of
+    its weights), each under its own model name: a request names the one it wants, and
+    ``POST /admin/weights`` with ``"model"`` swaps that one's weights.
+    """
+    served: Served = {engine.model_name: engine}
+    for each in adapters:
+        if each.model_name in served:
+            raise ValueError(f"two engines would serve the model name {each.model_name!r}")
+        served[each.model_name] = each
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        engine.start()
+        for each in served.values():
+            each.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(engine.close)
+            for each in served.values():
+                await asyncio.to_thread(each.close)
 
     app = FastAPI(title="fulgor engine", lifespan=lifespan)
     app.add_middleware(_WholeBodies, max_body_bytes=max_body_bytes, timeout_seconds=body_timeout_seconds)
     _install_error_handlers(app)
-    app.include_router(_openai_router(engine))
-    app.include_router(_admin_router(engine))
+    app.include_router(_openai_router(served))
+    app.include_router(_admin_router(served))
     return app

@@ -184,3 +184,5 @@ class WeightSwapRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Annotated[str, Field(min_length=1)]
+    model: str | None = None
+    """Which served model gets the weights (a LoRA adapter's name); the engine's own when unset."""

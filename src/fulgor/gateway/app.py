@@ -331,12 +331,12 @@ class Gateway:
             _check_recordable(upstream_request)
             sent = upstream_request.get("model")
             sent = sent if isinstance(sent, str) else None
-            served = await self._model_names.upstream_model(rollout_id, sent)
-            if served != sent:
-                upstream_request = {**upstream_request, "model": served}
             record = CallRecord(rollout_id, attempt_id, _ENDPOINTS[route], upstream_request, time.time())
-            record.requested_model = sent if served != sent else None
             _read_call_headers(scope, record)
+            served = await self._model_names.upstream_model(rollout_id, sent, record.agent_name)
+            if served != sent:
+                record.request = {**upstream_request, "model": served}
+            record.requested_model = sent if served != sent else None
             await self._reserve_unless_paused()
             # Read after the last pause check: a call let through after resume() gets the new version.
             record.model_version = self.model_version

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from fulgor.agent.base import Runnable
 from fulgor.agent.context import RolloutContext, use_context
 from fulgor.agent.emit import emit_exception
+from fulgor.agent.langgraph import name_langgraph_calls
 from fulgor.credentials import attempt_credential
 from fulgor.errors import FulgorError, InvalidTransitionError, NotFoundError
 from fulgor.semconv import ATTEMPT_SPANS_LOST
@@ -107,6 +109,7 @@ class Runner:
         """Claim and run rollouts until ``stop`` is called, then drain and return."""
         if self.config.opentelemetry:
             _install_opentelemetry_bridge()
+        name_langgraph_calls()  # for rollouts whose llm serves each agent with its own model
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="fulgor-heartbeat")
         try:
             await self._claim_loop()
@@ -130,6 +133,8 @@ class Runner:
         cancelled = False
         try:
             resources = await self._resources_for(claimed)
+            if any(isinstance(r, LLM) and r.agent_models for r in resources.values()):
+                context = dataclasses.replace(context, names_agent_calls=True)
             with use_context(context):
                 status, error = await self._run_agent(claimed, resources)
         except FulgorError as failure:

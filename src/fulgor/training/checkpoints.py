@@ -8,6 +8,10 @@ Next to the weights, ``training_state.pt`` holds what continuing exactly needs b
 updater's optimiser state and the step). A run restarted on the same run directory continues from
 the newest complete checkpoint.
 
+With one LoRA adapter per agent (``GRPO(adapters=...)``) the trainer's copy is one frozen base with
+several named adapters; ``step-N`` then holds each adapter in ``step-N/NAME/`` and names them, and
+the base they go over, in ``step-N/adapters.json``.
+
 Checkpoints are pruned as training goes (:func:`prune_checkpoints`): the newest few stay, and so
 does the one with the best validation accuracy; the others are renamed to a hidden name first and
 then removed, so a checkpoint that is half deleted is never taken for one to resume from.
@@ -18,6 +22,7 @@ Needs ``fulgor[torch]``.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -33,8 +38,11 @@ if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
 
 __all__ = [
+    "ADAPTERS_FILE",
     "TRAINING_STATE_FILE",
+    "AdapterSet",
     "Policy",
+    "adapter_set",
     "checkpoint_accuracies",
     "kept_checkpoints",
     "latest_checkpoint",
@@ -49,14 +57,18 @@ logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PRUNED_DIR = re.compile(r"^\.step-\d+\.pruned$")
 TRAINING_STATE_FILE = "training_state.pt"
+ADAPTERS_FILE = "adapters.json"
 
 
 @dataclass
 class Policy:
-    """The model the trainer updates, with its tokenizer."""
+    """The model the trainer updates, with its tokenizer; ``adapters`` names the LoRA adapters of a
+    model with one per agent (over the base model at ``base``)."""
 
     model: Any
     tokenizer: Any
+    adapters: tuple[str, ...] = ()
+    base: Path | None = None
 
     def save(self, checkpoints: Path, step: int, training_state: dict[str, Any] | None = None) -> Path:
         """Save as ``checkpoints/step-{step}`` (complete or absent, never half written), with
@@ -68,8 +80,12 @@ class Policy:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         try:
-            self.model.save_pretrained(partial)
+            self.model.save_pretrained(partial)  # several adapters: one folder each, by name
             self.tokenizer.save_pretrained(partial)
+            if self.adapters:
+                assert self.base is not None
+                marker = {"base": str(self.base.resolve()), "adapters": list(self.adapters)}
+                (partial / ADAPTERS_FILE).write_text(json.dumps(marker, indent=2) + "\n")
             if training_state is not None:
                 torch.save({"step": step, **training_state}, partial / TRAINING_STATE_FILE)
             # The files reach the disk before the rename makes them the newest checkpoint: a power
@@ -111,16 +127,48 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def load_policy(path: Path, device: str, lora: LoraConfig | None = None) -> Policy:
+@dataclass(frozen=True)
+class AdapterSet:
+    """What an ``adapters.json`` checkpoint holds: the base model and each adapter's folder."""
+
+    base: Path
+    adapters: dict[str, Path]
+
+
+def adapter_set(path: Path) -> AdapterSet | None:
+    """The adapters of a checkpoint with one per agent; None for any other model directory."""
+    marker = path / ADAPTERS_FILE
+    if not marker.is_file():
+        return None
+    saved = json.loads(marker.read_text())
+    return AdapterSet(Path(saved["base"]), {name: path / name for name in saved["adapters"]})
+
+
+def load_policy(
+    path: Path,
+    device: str,
+    lora: LoraConfig | None = None,
+    adapters: Mapping[str, LoraConfig] | None = None,
+) -> Policy:
     """Load a model directory for training (float32, gradients on) on ``device``.
 
     With ``lora`` only an adapter trains: full weights get a fresh one, and a LoRA checkpoint (an
-    adapter directory) is loaded over the base weights it names, to train further.
+    adapter directory) is loaded over the base weights it names, to train further. With
+    ``adapters`` (a name and shape per adapter) one frozen base carries one adapter per name:
+    fresh over full weights, or those a checkpoint of them holds.
     """
     from fulgor.algorithms.lora import adapter_base, add_adapter, load_adapter
     from fulgor.engine.loading import checkpoint_kind, load_model, resolve_device
 
     resolved = resolve_device(device)
+    saved = adapter_set(path)
+    if adapters:
+        return _load_adapters(path, saved, resolved, adapters)
+    if saved is not None:
+        raise ConfigError(
+            f"{path} holds one LoRA adapter per agent ({', '.join(saved.adapters)}): train it with "
+            "GRPO(adapters={...}) naming the same adapters"
+        )
     if checkpoint_kind(path) == "lora":
         if lora is None:
             raise ConfigError(
@@ -132,6 +180,34 @@ def load_policy(path: Path, device: str, lora: LoraConfig | None = None) -> Poli
     loaded = load_model(path, device=resolved, dtype="float32")
     model = loaded.model if lora is None else add_adapter(loaded.model, lora, path)
     return Policy(model, loaded.tokenizer)
+
+
+def _load_adapters(
+    path: Path, saved: AdapterSet | None, device: str, adapters: Mapping[str, LoraConfig]
+) -> Policy:
+    from fulgor.algorithms.lora import add_adapter, load_adapter
+    from fulgor.engine.loading import checkpoint_kind, load_model
+
+    names = list(adapters)
+    if saved is None and checkpoint_kind(path) == "lora":
+        raise ConfigError(
+            f"{path} is one LoRA adapter; one adapter per agent starts from full weights or from a "
+            "checkpoint of such adapters"
+        )
+    if saved is not None and sorted(saved.adapters) != sorted(names):
+        raise ConfigError(
+            f"{path} holds the adapters {sorted(saved.adapters)}, but {sorted(names)} were asked for; "
+            "continue with the same adapters or start a new run directory"
+        )
+    base_path = path if saved is None else saved.base
+    loaded = load_model(base_path, device=device, dtype="float32")
+    model = loaded.model
+    for index, name in enumerate(names):
+        if saved is None:
+            model = add_adapter(model, adapters[name], base_path, name=name, first=index == 0)
+        else:
+            model = load_adapter(model, saved.adapters[name], adapters[name], name=name, first=index == 0)
+    return Policy(model, loaded.tokenizer, tuple(names), base_path)
 
 
 def load_training_state(checkpoint: Path) -> dict[str, Any] | None:
@@ -162,7 +238,8 @@ def _complete_checkpoints(checkpoints: Path) -> dict[int, Path]:
     if checkpoints.is_dir():
         for entry in checkpoints.iterdir():
             match = _STEP_DIR.match(entry.name)
-            if match and any((entry / name).is_file() for name in ("config.json", "adapter_config.json")):
+            markers = ("config.json", "adapter_config.json", ADAPTERS_FILE)
+            if match and any((entry / name).is_file() for name in markers):
                 found[int(match.group(1))] = entry
     return found
 

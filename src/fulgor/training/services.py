@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,11 +54,21 @@ class Services:
     engine_url: str
     runners: RunnerGroup
     model_name: str
+    adapters: dict[str, LocalEngine] = field(default_factory=dict)
+    """With one LoRA adapter per agent: the engine serving each adapter, by adapter name."""
 
     @property
     def model_version(self) -> int | None:
-        """The version of the weights the local engine serves; None for an upstream's."""
+        """The version of the weights the local engine serves (the adapters' when there are any:
+        the base never changes then); None for an upstream's."""
+        if self.adapters:
+            return max(engine.model_version for engine in self.adapters.values())
         return None if self.engine is None else self.engine.model_version
+
+    @property
+    def agent_models(self) -> dict[str, str]:
+        """The model name each adapter is served under, by adapter name (``LLM.agent_models``)."""
+        return {name: engine.model_name for name, engine in self.adapters.items()}
 
     async def settle_calls(self, rollout_ids: Sequence[str] | None = None) -> None:
         """Wait until no model call is in flight and every recorded call is in the store; with
@@ -78,16 +88,24 @@ class Services:
         if self.engine is None:
             raise ConfigError("the session's model is an upstream server: there are no weights to swap")
         if not pause:
-            swap = await self.engine.swap_weights(checkpoint)
-            self.gateway.model_version = swap.model_version
-            return swap.model_version
+            version = await self._swap(checkpoint)
+            self.gateway.model_version = version
+            return version
         self.gateway.pause()
         try:
             await self.settle_calls()
-            swap = await self.engine.swap_weights(checkpoint)
+            version = await self._swap(checkpoint)
         finally:
-            self.gateway.resume(model_version=self.engine.model_version)
-        return swap.model_version
+            self.gateway.resume(model_version=self.model_version)
+        return version
+
+    async def _swap(self, checkpoint: str) -> int:
+        """Load the checkpoint: into the engine, or each of its adapters into that adapter's engine."""
+        assert self.engine is not None
+        if not self.adapters:
+            return (await self.engine.swap_weights(checkpoint)).model_version
+        swaps = [await engine.swap_weights(Path(checkpoint) / name) for name, engine in self.adapters.items()]
+        return max(swap.model_version for swap in swaps)
 
 
 @contextlib.asynccontextmanager
@@ -101,12 +119,14 @@ async def start_services(
     *,
     owns_store: bool,
     model_name: str | None = None,
+    adapters: Mapping[str, Path] | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
     With ``owns_store`` the store is closed last; without, it is left open for its owner. Given an
     ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
-    served as ``model_name``.
+    served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
+    adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
     """
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
@@ -116,6 +136,7 @@ async def start_services(
         if owns_store:  # closed last, after the server that serves it
             stack.push_async_callback(store.close)
         engine: LocalEngine | None = None
+        served_adapters: dict[str, LocalEngine] = {}
         if isinstance(engine_config, Upstream):
             upstream, served = engine_config, model_name
             if served is None:
@@ -125,7 +146,10 @@ async def start_services(
             from fulgor.engine.local import LocalEngine
 
             engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
-            engine_server = ServerThread(create_engine_app(engine))
+            for name, path in (adapters or {}).items():
+                config = replace(engine_config, model=path, served_model_name=f"{engine.model_name}-{name}")
+                served_adapters[name] = await asyncio.to_thread(LocalEngine.from_config, config)
+            engine_server = ServerThread(create_engine_app(engine, adapters=list(served_adapters.values())))
             stack.push_async_callback(engine_server.astop)
             upstream = Upstream(f"{await asyncio.to_thread(engine_server.start)}/v1")
             served = engine.model_name
@@ -143,7 +167,7 @@ async def start_services(
         stack.push_async_callback(runners.stop)
         where = "upstream" if engine is None else "engine"
         logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)
-        yield Services(store, engine, gateway, server_url, upstream.url, runners, served)
+        yield Services(store, engine, gateway, server_url, upstream.url, runners, served, served_adapters)
 
 
 async def open_run_store(run_dir: Path) -> Store:

@@ -40,6 +40,7 @@ from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
 from fulgor.training.checkpoints import (
     Policy,
+    adapter_set,
     checkpoint_accuracies,
     latest_checkpoint,
     load_policy,
@@ -70,6 +71,7 @@ from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
 
 if TYPE_CHECKING:
+    from fulgor.algorithms.lora import LoraConfig
     from fulgor.engine.local import EngineConfig
     from fulgor.gateway import Upstream
     from fulgor.training.tracking import Tracker
@@ -174,6 +176,12 @@ class Trainer:
         """The algorithm as a step algorithm (what publishes weights or nothing); the training loop
         of a :class:`ResourceAlgorithm` is ``_search``."""
         return cast(Algorithm, self.algorithm)
+
+    @property
+    def _adapters(self) -> dict[str, LoraConfig]:
+        """The algorithm's LoRA adapters, one per agent, by name (an optional member of the
+        protocol: ``GRPO(adapters=...)`` has it)."""
+        return dict(getattr(self.algorithm, "adapters", None) or {})
 
     def _search_algorithm(self) -> ResourceAlgorithm | None:
         algorithm = self.algorithm
@@ -384,6 +392,7 @@ class Trainer:
         stopped on leaving."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         model_name = self.model
+        adapters: dict[str, Path] = {}
         if self.upstream is not None:
             from fulgor.gateway.upstreams import served_model
 
@@ -395,6 +404,11 @@ class Trainer:
             assert model_dir is not None
             threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
             logger.info("torch uses %d threads in the trainer", threads)
+            saved = adapter_set(model_dir)
+            if saved is not None:  # the base serves agents without an adapter, each adapter its own
+                model_dir, adapters = saved.base, saved.adapters
+            else:  # fresh adapters change nothing yet: each serves the weights it starts from
+                adapters = {name: model_dir for name in self._adapters}
             target = replace(
                 self.engine,
                 model=model_dir,
@@ -412,6 +426,7 @@ class Trainer:
             runner_log,
             owns_store=self.store is None,
             model_name=model_name,
+            adapters=adapters,
         ) as services:
             yield services
 
@@ -430,6 +445,7 @@ class Trainer:
                 endpoint=f"{services.server_url}/v1",
                 model=services.model_name,
                 sampling_parameters=self.algorithm.sampling_parameters(mode),
+                agent_models=services.agent_models,
             )
             version = await services.store.put_resources({"llm": llm, **extra})
             ids[mode] = version.resources_id
@@ -598,9 +614,18 @@ class Trainer:
                 f"{self.run_dir} already holds checkpoints up to step {latest[0]}; pick a new run_dir "
                 "or pass resume=True to continue that run"
             )
-        adapter = checkpoint_kind(latest[1]) == "lora"
-        if adapter != (self._algorithm.lora is not None):
-            kind = type(self.algorithm).__name__
+        kind = type(self.algorithm).__name__
+        saved = adapter_set(latest[1])
+        if (saved is not None) != bool(self._adapters):
+            held = "one LoRA adapter per agent" if saved is not None else "no adapter per agent"
+            fix = f"{kind}(adapters={{...}}) naming them" if saved is not None else f"{kind}(adapters=None)"
+            raise ConfigError(
+                f"{latest[1]} holds {held}, but this {kind} "
+                f"{'trains none' if saved is not None else 'trains one per agent'}; continue that run "
+                f"with {fix} or pick a new run_dir"
+            )
+        adapter = saved is None and checkpoint_kind(latest[1]) == "lora"
+        if saved is None and adapter != (self._algorithm.lora is not None):
             fix = f"{kind}(lora=LoraConfig(...))" if adapter else f"{kind}(lora=None)"
             raise ConfigError(
                 f"{latest[1]} holds {'a LoRA adapter' if adapter else 'full weights'}, but this {kind} "
@@ -615,7 +640,7 @@ class Trainer:
         starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
         continues with the state saved with it."""
         assert self.engine is not None
-        policy = load_policy(model_dir, self.engine.device, self._algorithm.lora)
+        policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
         reference = None
         if self._algorithm.needs_reference_model:
             reference = load_policy(self.engine.model, self.engine.device).model.eval()

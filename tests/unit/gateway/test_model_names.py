@@ -46,3 +46,21 @@ async def test_a_mapping_wins_and_a_default_serves_rollouts_without_an_llm() -> 
     assert await ModelNames(store, {}).upstream_model(bare, "gpt-4.1-mini") == "gpt-4.1-mini"
     assert await ModelNames(store, {}, default="small").upstream_model(bare, "gpt-4.1-mini") == "small"
     assert await ModelNames(store, {}).upstream_model("ro-unknown", "x") == "x"
+
+
+async def test_a_call_that_names_its_agent_goes_to_that_agents_model() -> None:
+    store = MemoryStore()
+    llm = LLM(
+        endpoint="http://engine/v1", model="base", agent_models={"write": "base-write", "rewrite": "base-rw"}
+    )
+    version = await store.put_resources({"llm": llm})
+    request = RolloutRequest(input={}, resources_id=version.resources_id)
+    rollout = (await store.start_rollout(request, "w")).rollout_id
+    names = ModelNames(store, {})
+    assert await names.upstream_model(rollout, "gpt-4.1", "write_query") == "base-write"
+    assert await names.upstream_model(rollout, "gpt-4.1", "rewrite_query") == "base-rw"  # the longest start
+    assert await names.upstream_model(rollout, "gpt-4.1", "check_query") == "base"  # no adapter: the base
+    assert await names.upstream_model(rollout, "gpt-4.1") == "base"  # no agent named
+    assert (
+        await ModelNames(store, {"gpt-4.1": "big"}).upstream_model(rollout, "gpt-4.1", "write_query") == "big"
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,15 @@ from fulgor.errors import ConfigError
 from fulgor.types import JsonDict
 
 if TYPE_CHECKING:
+    from fulgor.algorithms.grpo.adapters import AdapterUpdater
     from fulgor.algorithms.grpo.update import PolicyUpdater
     from fulgor.algorithms.lora import LoraConfig
 
 __all__ = ["GRPO"]
 
 logger = logging.getLogger(__name__)
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class GRPO(StepSchedule):
@@ -46,7 +50,11 @@ class GRPO(StepSchedule):
     pass, by ``seed``). It publishes new weights after every step.
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
     (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
-    and each step publishes just the adapter. With ``async_rollouts`` step N+1's rollouts run while
+    and each step publishes just the adapter. With ``adapters`` (a name and a ``LoraConfig`` each:
+    ``{"write": LoraConfig(), "rewrite": LoraConfig()}``) one frozen base carries one adapter per
+    agent of a multi-agent system: an agent whose name starts with an adapter's name (the longest
+    one) is served by that adapter and trains it alone; other agents are served by the base and not
+    trained (``agent_match`` is implied). With ``async_rollouts`` step N+1's rollouts run while
     step N's update trains, on the weights published before it; trajectories more than
     ``max_staleness`` weight versions behind the policy they would update are dropped (and counted).
     """
@@ -81,6 +89,7 @@ class GRPO(StepSchedule):
         seed: int = 0,
         config: GRPOConfig | None = None,
         lora: LoraConfig | None = None,
+        adapters: Mapping[str, LoraConfig] | None = None,
         async_rollouts: bool = False,
         max_staleness: int = 1,
     ) -> None:
@@ -98,12 +107,15 @@ class GRPO(StepSchedule):
         self.seed = seed
         self.config = config or GRPOConfig()
         self.lora = lora
+        self.adapters = dict(adapters or {})
         self.async_rollouts = async_rollouts
         self.max_staleness = max_staleness
         self._validate()
 
     def _validate(self) -> None:
         self.check_schedule()
+        if self.adapters:
+            self._use_adapters()
         if self.group_size < 2:
             raise ConfigError(
                 "GRPO group_size must be >= 2 (advantages compare the rollouts of one task), "
@@ -115,11 +127,39 @@ class GRPO(StepSchedule):
                 f"got {self.max_staleness}"
             )
 
+    def _use_adapters(self) -> None:
+        """Check ``adapters`` and take the agents they serve as ``agent_match``."""
+        if self.lora is not None:
+            raise ConfigError(
+                "GRPO takes lora= (one adapter for every agent) or adapters= (one per agent), not both"
+            )
+        if self.agent_match is not None:
+            raise ConfigError(
+                "GRPO(adapters=...) trains the agents its adapters serve; leave agent_match unset "
+                f"(got {self.agent_match!r})"
+            )
+        for name in self.adapters:
+            if not _ADAPTER_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"adapter name {name!r} must be letters, digits, '_', '-' or '.' (it names the adapter's "
+                    "model and folder, and the start of the agent names it serves, e.g. 'write')"
+                )
+        longest_first = sorted(self.adapters, key=len, reverse=True)
+        self.agent_match = "^(?:" + "|".join(re.escape(name) for name in longest_first) + ")"
+        self.metric_names = {
+            **type(self).metric_names,
+            **{
+                f"{key}/{name}": f"{value}/{name}"
+                for name in self.adapters
+                for key, value in GRPO.metric_names.items()
+            },
+        }
+
     def __repr__(self) -> str:
         return (
             f"GRPO(group_size={self.group_size}, batch_tasks={self.batch_tasks}, max_steps={self.max_steps}, "
             f"val_every={self.val_every}, temperature={self.temperature}, max_tokens={self.max_tokens}, "
-            f"config={self.config}, lora={self.lora})"
+            f"config={self.config}, lora={self.lora}, adapters={self.adapters or None})"
         )
 
     def hyperparameters(self) -> JsonDict:
@@ -132,6 +172,8 @@ class GRPO(StepSchedule):
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
         if self.lora is not None:
             settings.update({f"lora/{k}": v for k, v in dataclasses.asdict(self.lora).items()})
+        for name, shape in self.adapters.items():
+            settings.update({f"adapters/{name}/{k}": v for k, v in dataclasses.asdict(shape).items()})
         if self.async_rollouts:
             settings.update(async_rollouts=True, max_staleness=self.max_staleness)
         return settings
@@ -181,10 +223,14 @@ class GRPO(StepSchedule):
             logger.info("%d rollouts ran on weights too old for version %d", len(stale), policy_version)
         return fresh, ({"rollouts_stale": float(len(stale))} if self.async_rollouts else {})
 
-    def updater(self, model: Any, reference_model: Any | None = None) -> PolicyUpdater:
-        """The policy updater (optimiser included) that trains ``model`` in place."""
+    def updater(self, model: Any, reference_model: Any | None = None) -> PolicyUpdater | AdapterUpdater:
+        """The policy updater (optimiser included) that trains ``model`` in place; with ``adapters``,
+        one per adapter of ``model``."""
+        from fulgor.algorithms.grpo.adapters import AdapterUpdater
         from fulgor.algorithms.grpo.update import PolicyUpdater
 
         if self.config.kl_coef > 0 and reference_model is None:
             raise ConfigError("kl_coef > 0 needs a reference model; set kl_coef=0 or pass one")
+        if self.adapters:
+            return AdapterUpdater(model, self.config, list(self.adapters), reference_model)
         return PolicyUpdater(model, self.config, reference_model=reference_model)

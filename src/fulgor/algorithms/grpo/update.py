@@ -343,7 +343,17 @@ class PolicyUpdater:
         advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
         advantages = advantages.to(device)
         self.model.train()
-        parts = _mini_batches(trajectories, self.config.mini_batches)
+        # A rollout without rows here (another adapter's agents made its calls) still counts in its
+        # group's advantages; a mini-batch of such rollouts alone has nothing to train.
+        parts = [
+            part
+            for part in _mini_batches(trajectories, self.config.mini_batches)
+            if any(trajectories[i].rows for i in part)
+        ]
+        if not parts:
+            raise ConfigError(
+                "a policy update needs at least one trajectory row; skip the update without one"
+            )
         batches = [collate([trajectories[i] for i in part]).to(device) for part in parts]
         for batch in batches[1:]:
             # Later steps take their ratio against the policy as it was before the first one.
