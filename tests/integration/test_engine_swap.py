@@ -7,6 +7,7 @@ another with a broken one, so tool-call parsing is checked on real generated out
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,3 +209,38 @@ def test_swaps_load_new_versions_while_requests_finish(
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 2, "b": 3})]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert all(chunk.model_extra["model_version"] == 2 for chunk in chunks)
+
+
+def test_an_adapter_served_beside_the_model_under_its_own_name_swaps_alone(
+    checkpoints: dict[str, Path],
+) -> None:
+    config = EngineConfig(model=checkpoints["base"], device="cpu", max_model_len=1024, admin_token=TOKEN)
+    base = LocalEngine.from_config(config)
+    adapter = LocalEngine.from_config(dataclasses.replace(config, served_model_name=f"{MODEL}-add"))
+    with ServerThread(create_app(base, adapters=[adapter])) as server:
+        models = httpx.get(f"{server.url}/v1/models").json()["data"]
+        assert [m["id"] for m in models] == [MODEL, f"{MODEL}-add"]
+        body = {"path": str(checkpoints["adapter"]), "model": f"{MODEL}-add"}
+        swapped = httpx.post(
+            f"{server.url}/admin/weights",
+            json=body,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=120,
+        )
+        assert swapped.json()["model_version"] == 1
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+        def ask(model: str) -> Any:
+            return client.chat.completions.create(
+                model=model, messages=ASK, tools=TOOLS, max_tokens=40, temperature=0
+            )
+
+        with_adapter = ask(f"{MODEL}-add")
+        assert with_adapter.model_extra["model_version"] == 1
+        call = with_adapter.choices[0].message.tool_calls[0]
+        assert json.loads(call.function.arguments) == {"a": 3, "b": 2}
+        plain = ask(MODEL)  # the model itself is untouched
+        assert plain.model_extra["model_version"] == 0
+        assert not plain.choices[0].message.tool_calls
+        with pytest.raises(openai.BadRequestError, match=f"serves '{MODEL}, {MODEL}-add'"):
+            ask("another")

@@ -121,3 +121,61 @@ def test_by_default_every_linear_layer_but_the_output_head_gets_an_adapter(model
         if hasattr(module, "lora_A")
     }
     assert adapted == linear - {"lm_head"}
+
+
+def agent_rows(agent: str, index: int) -> Trajectory:
+    """A rollout whose one row is ``agent``'s."""
+    made = trajectory(index)
+    made.rows[0].agent_name = agent
+    return made
+
+
+def lora_params(model: torch.nn.Module, adapter: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if f".{adapter}." in n}
+
+
+def test_one_adapter_per_agent_trains_each_on_its_own_agents_rows_only(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    adapters = {"write": LoraConfig(rank=4), "rewrite": LoraConfig(rank=2)}
+    policy = load_policy(model_dir, "cpu", adapters=adapters)
+    updater = GRPO(adapters=adapters, config=GRPOConfig(learning_rate=1e-2)).updater(policy.model)
+    before = {name: lora_params(policy.model, name) for name in adapters}
+    # Only the writer made calls this step: the rewriter's adapter stays as it was.
+    metrics = updater.step([agent_rows("write_query", 0), agent_rows("write_query", 1)])
+    assert metrics["trained_tokens/write"] == 4
+    assert "trained_tokens/rewrite" not in metrics
+    after = {name: lora_params(policy.model, name) for name in adapters}
+    assert any(not torch.equal(after["write"][n], before["write"][n]) for n in before["write"])
+    assert all(torch.equal(after["rewrite"][n], before["rewrite"][n]) for n in before["rewrite"])
+    # rewrite_query starts with 'rewrite' (the longest name), not with 'write'.
+    metrics = updater.step([agent_rows("rewrite_query", 0), agent_rows("rewrite_query", 1)])
+    assert metrics["trained_tokens/rewrite"] == 4
+    assert metrics["trained_tokens"] == 4
+
+    policy.save(tmp_path / "checkpoints", 1, {"updater": updater.state_dict()})
+    checkpoint = tmp_path / "checkpoints" / "step-1"
+    marker = json.loads((checkpoint / "adapters.json").read_text())
+    assert marker == {"base": str(model_dir.resolve()), "adapters": ["write", "rewrite"]}
+    resumed = load_policy(checkpoint, "cpu", adapters=adapters)
+    for name in adapters:
+        saved = lora_params(resumed.model, name)
+        assert all(torch.equal(saved[n], lora_params(policy.model, name)[n]) for n in saved)
+    GRPO(adapters=adapters).updater(resumed.model).load_state_dict(updater.state_dict())
+    with pytest.raises(ConfigError, match="adapters \\['rewrite', 'write'\\], but \\['write'\\]"):
+        load_policy(checkpoint, "cpu", adapters={"write": LoraConfig(rank=4)})
+    with pytest.raises(ConfigError, match="one LoRA adapter per agent"):
+        load_policy(checkpoint, "cpu")
+
+
+def test_adapters_per_agent_are_checked_and_choose_the_agents_trained() -> None:
+    grpo = GRPO(adapters={"write": LoraConfig(), "rewrite": LoraConfig(rank=2)})
+    assert grpo.agent_match == "^(?:rewrite|write)"
+    assert grpo.metric_names["policy_loss/rewrite"] == "loss/rewrite"
+    assert grpo.hyperparameters()["adapters/rewrite/rank"] == 2
+    with pytest.raises(ConfigError, match="not both"):
+        GRPO(lora=LoraConfig(), adapters={"write": LoraConfig()})
+    with pytest.raises(ConfigError, match="leave agent_match unset"):
+        GRPO(agent_match="write", adapters={"write": LoraConfig()})
+    with pytest.raises(ConfigError, match="adapter name 'write\\|rewrite'"):
+        GRPO(adapters={"write|rewrite": LoraConfig()})
