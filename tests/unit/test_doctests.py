@@ -23,6 +23,11 @@ MODULES = [
     "examples.rooms.rules",
     "examples.rooms.dataset",
     "examples.rooms.tools",
+    "fulgor.types",
+    "examples.sql.agent",
+    "examples.sql.database",
+    "examples.sql.dataset",
+    "examples.sql.execution",
 ]
 
 
