@@ -1,5 +1,8 @@
 """Loading Hugging Face model directories: full weights, or a LoRA adapter over full weights.
 
+A directory with ``adapters.json`` holds one LoRA adapter per agent over one base
+(:func:`adapter_set`): each adapter is a directory of its own, served under its own name.
+
 Every local model goes through here, whether fulgor built it (:mod:`fulgor.engine.models`) or a user
 downloaded it, so the engine never has a special path for its own models. torch, transformers and
 peft load lazily; a missing one raises an ImportError that names the ``fulgor[torch]`` extra.
@@ -18,9 +21,12 @@ from typing import Any, Literal
 from fulgor.engine.errors import ModelLoadError
 
 __all__ = [
+    "ADAPTERS_FILE",
+    "AdapterSet",
     "CheckpointKind",
     "LoadedModel",
     "adapter_base",
+    "adapter_set",
     "checkpoint_kind",
     "eos_token_ids",
     "load_model",
@@ -33,6 +39,28 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CheckpointKind = Literal["full", "lora"]
+ADAPTERS_FILE = "adapters.json"
+
+
+@dataclass(frozen=True)
+class AdapterSet:
+    """What an ``adapters.json`` directory holds: the base model and each adapter's directory, by
+    adapter name."""
+
+    base: Path
+    adapters: dict[str, Path]
+
+
+def adapter_set(path: Path) -> AdapterSet | None:
+    """The adapters of a directory holding one per agent; None for any other model directory."""
+    marker = path / ADAPTERS_FILE
+    if not marker.is_file():
+        return None
+    try:
+        saved = json.loads(marker.read_text())
+        return AdapterSet(Path(saved["base"]), {name: path / name for name in saved["adapters"]})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ModelLoadError(f"cannot read {marker}: {error}") from error
 
 
 def require_torch() -> ModuleType:

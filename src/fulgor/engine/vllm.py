@@ -37,6 +37,7 @@ from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine.errors import VLLMError
+from fulgor.engine.loading import AdapterSet, adapter_set
 from fulgor.net.sockets import bind_socket
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
@@ -57,6 +58,8 @@ class VLLMConfig:
     max_logprobs: int = 20
     enable_lora: bool = False
     max_lora_rank: int = 64
+    max_loras: int = 1
+    """Adapters vLLM keeps loaded at once: one per agent with one LoRA adapter per agent."""
     gpu_memory_utilization: float | None = None
     extra_args: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
@@ -87,6 +90,7 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
         command += ["--seed", str(config.seed)]
     if config.enable_lora:
         command += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+        command += ["--max-loras", str(config.max_loras)]
     if config.gpu_memory_utilization is not None:
         command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.api_key:
@@ -118,6 +122,8 @@ class VLLMServer:
         self.restarts = 0
         self._model = config.model
         self._served_name = config.model_name
+        self.adapter_names: dict[str, str] = {}
+        """With one LoRA adapter per agent: the name vLLM serves each under now, by adapter name."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -270,12 +276,16 @@ class VLLMServer:
         """Serve the checkpoint at ``path`` as version N+1; returns the new version.
 
         A LoRA adapter (a directory with ``adapter_config.json``) loads at runtime and clients use
-        :attr:`model_name` afterwards; full weights restart vLLM on the new checkpoint, so pause
-        traffic first (the gateway drains before it reloads).
+        :attr:`model_name` afterwards; one adapter per agent (a directory with ``adapters.json``)
+        loads each at runtime, under the names :attr:`adapter_names` gives; full weights restart
+        vLLM on the new checkpoint, so pause traffic first (the gateway drains before it reloads).
         """
         source = Path(path)
         with self._lock:
-            if (source / "adapter_config.json").is_file():
+            adapters = adapter_set(source)
+            if adapters is not None:
+                self._load_adapters(adapters)
+            elif (source / "adapter_config.json").is_file():
                 self._load_adapter(source)
             elif (source / "config.json").is_file():
                 self._restart_on(str(source))
@@ -291,6 +301,20 @@ class VLLMServer:
         name = f"{self.config.model_name}-v{self.model_version + 1}"
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(source)})
         self._served_name = name
+
+    def _load_adapters(self, adapters: AdapterSet) -> None:
+        """One adapter per agent: each loads under ``MODEL-NAME-vN`` (vLLM keeps an adapter's name
+        for its first weights), which :attr:`adapter_names` gives the gateway's ``agent_models``."""
+        if not self.config.enable_lora or self.config.max_loras < len(adapters.adapters):
+            raise VLLMError(
+                f"{len(adapters.adapters)} adapters need VLLMConfig(enable_lora=True, "
+                f"max_loras={len(adapters.adapters)}) or more"
+            )
+        names = {}
+        for name, source in adapters.adapters.items():
+            names[name] = f"{self.config.model_name}-{name}-v{self.model_version + 1}"
+            self._post("/v1/load_lora_adapter", {"lora_name": names[name], "lora_path": str(source)})
+        self.adapter_names = names
 
     def _restart_on(self, model: str) -> None:
         self._terminate()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fulgor.engine.loading import ADAPTERS_FILE, AdapterSet, adapter_set
 from fulgor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PRUNED_DIR = re.compile(r"^\.step-\d+\.pruned$")
 TRAINING_STATE_FILE = "training_state.pt"
-ADAPTERS_FILE = "adapters.json"
 
 
 @dataclass
@@ -125,23 +125,6 @@ def _fsync(path: Path) -> None:
             raise
     finally:
         os.close(descriptor)
-
-
-@dataclass(frozen=True)
-class AdapterSet:
-    """What an ``adapters.json`` checkpoint holds: the base model and each adapter's folder."""
-
-    base: Path
-    adapters: dict[str, Path]
-
-
-def adapter_set(path: Path) -> AdapterSet | None:
-    """The adapters of a checkpoint with one per agent; None for any other model directory."""
-    marker = path / ADAPTERS_FILE
-    if not marker.is_file():
-        return None
-    saved = json.loads(marker.read_text())
-    return AdapterSet(Path(saved["base"]), {name: path / name for name in saved["adapters"]})
 
 
 def load_policy(

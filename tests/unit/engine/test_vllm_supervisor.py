@@ -160,3 +160,23 @@ def test_supervision_gives_up_after_max_restarts(tmp_path: Path) -> None:
         assert "exit code 3" in supervised.failure
     finally:
         supervised.stop()
+
+
+def test_one_adapter_per_agent_loads_each_under_a_name_of_its_own(tmp_path: Path) -> None:
+    command = build_command(VLLMConfig(model="m", enable_lora=True, max_loras=2), "m", 8000)
+    assert _flag(command, "--max-loras") == "2"
+    checkpoint = tmp_path / "step-1"
+    for name in ("write", "rewrite"):
+        (checkpoint / name).mkdir(parents=True)
+        (checkpoint / name / "adapter_config.json").write_text("{}")
+    (checkpoint / "adapters.json").write_text(json.dumps({"base": "m", "adapters": ["write", "rewrite"]}))
+    with VLLMServer(_config(tmp_path, max_loras=2)) as server:
+        assert server.reload_weights(checkpoint) == 1
+        assert server.adapter_names == {"write": "base-write-v1", "rewrite": "base-rewrite-v1"}
+    loads = [e["body"] for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "load_lora_adapter"]
+    assert loads == [
+        {"lora_name": "base-write-v1", "lora_path": str(checkpoint / "write")},
+        {"lora_name": "base-rewrite-v1", "lora_path": str(checkpoint / "rewrite")},
+    ]
+    with VLLMServer(_config(tmp_path)) as one, pytest.raises(VLLMError, match="max_loras=2"):
+        one.reload_weights(checkpoint)
