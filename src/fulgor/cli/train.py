@@ -167,6 +167,12 @@ def register(subparsers: Any) -> None:
     grpo.add_argument(
         "--seed", type=int, default=0, metavar="N", help="task order and sampling seed (default 0)"
     )
+    grpo.add_argument(
+        "--agent-match",
+        metavar="REGEX",
+        help="train only the calls of agents whose name this regular expression matches (a multi-agent "
+        "system: names come from X-Fulgor-Agent headers or the agent's OpenTelemetry spans)",
+    )
     sft = parser.add_argument_group("SFT (--algorithm sft)")
     sft.add_argument(
         "--min-reward",
@@ -491,7 +497,7 @@ def _check_run_dir(run_dir: Path) -> None:
 def _check_continuation(run_dir: Path, no_resume: bool) -> None:
     """Training continues a run's checkpoints: refused with --no-resume, and for LoRA adapters
     (the command trains all weights)."""
-    from fulgor.engine.loading import checkpoint_kind
+    from fulgor.engine.loading import adapter_set, checkpoint_kind
     from fulgor.training.checkpoints import latest_checkpoint
 
     latest = latest_checkpoint(run_dir / "checkpoints")
@@ -503,7 +509,7 @@ def _check_continuation(run_dir: Path, no_resume: bool) -> None:
             f"--run-dir {run_dir} already holds checkpoints up to step {step}; pick a new "
             "--run-dir, or drop --no-resume to continue that run"
         )
-    if checkpoint_kind(path) == "lora":
+    if adapter_set(path) is not None or checkpoint_kind(path) == "lora":
         raise ConfigError(
             f"--run-dir {run_dir} holds LoRA adapter checkpoints (up to step {step}), and fulgor train "
             "trains all weights; pick a new --run-dir, or continue that run from Python with "
@@ -571,6 +577,7 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
         "temperature": args.temperature,
         "max_tokens": args.max_tokens,
         "seed": args.seed,
+        "agent_match": args.agent_match,
     }
     learning_rate = args.learning_rate or _LEARNING_RATES[args.algorithm]
     if args.algorithm == "grpo":

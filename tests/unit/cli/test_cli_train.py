@@ -335,6 +335,7 @@ def test_every_option_reaches_grpo_and_the_trainer(
         "--steps": "7", "--max-seconds": "90", "--group-size": "3", "--batch-tasks": "5",
         "--learning-rate": "2e-4", "--temperature": "0.7", "--max-tokens": "33", "--val-every": "4",
         "--seed": "11", "--n-runners": "3", "--max-concurrency": "6", "--device": "cpu",
+        "--agent-match": "write|rewrite",
     }  # fmt: skip
     argv = ["train", "--agent", f"{module}:solve", "--train", "tasks.jsonl", "--model", "model"]
     argv += ["--run-dir", "run", "--dev", *(part for pair in options.items() for part in pair)]
@@ -344,7 +345,7 @@ def test_every_option_reaches_grpo_and_the_trainer(
     grpo = trainer.algorithm
     assert (grpo.max_steps, grpo.max_seconds, grpo.group_size, grpo.batch_tasks) == (7, 90.0, 3, 5)
     assert (grpo.config.learning_rate, grpo.temperature, grpo.max_tokens) == (2e-4, 0.7, 33)
-    assert (grpo.val_every, grpo.seed) == (4, 11)
+    assert (grpo.val_every, grpo.seed, grpo.agent_match) == (4, 11, "write|rewrite")
     assert (trainer.n_runners, trainer.runner_config.max_concurrency) == (3, 6)
     assert (trainer.engine.model, trainer.engine.device, trainer.engine.seed) == (Path("model"), "cpu", 11)
     assert trainer.run_dir == Path("run")
