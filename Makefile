@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test demo demo-rooms lint typecheck unit clean
+.PHONY: test demo demo-rooms demo-sql lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ demo: $(VENV)/.installed-demo
 # no key needed; examples/rooms/train.py runs it on any OpenAI-compatible model).
 demo-rooms: $(VENV)/.installed-demo
 	$(PY) -m examples.rooms.train --simulate $(DEMO_ARGS)
+
+# The SQL example: a tiny model behind a LangGraph writer, checker and rewriter learns text-to-SQL
+# with GRPO (the writer's and rewriter's calls; --agent-match all trains the checker's too).
+demo-sql: $(VENV)/.installed-demo
+	$(PY) -m examples.sql.train $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
