@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from examples.sql.agent import sql_agent
 from examples.sql.database import build_database
@@ -46,7 +46,7 @@ __all__ = ["DEFAULT_AGENT_MATCH", "DemoResult", "demo_grpo", "run_demo"]
 logger = logging.getLogger("examples.sql")
 
 MODEL_NAME = "sql-tiny"
-MODEL_SIZE = "tiny"
+MODEL_SIZE: Final = "tiny"
 DEFAULT_AGENT_MATCH = "write|rewrite"
 """The writer's and the rewriter's calls are trained; the checker's are not."""
 SIZES = (400, 64, 128)

@@ -14,11 +14,11 @@ rendered with the engine's chat template):
 The writer's and rewriter's query is the gold query only a fraction of the time
 (``gold_fraction``); otherwise it is the gold query's wrong twin (:func:`twin`), one fixed,
 systematic mistake per template: a condition dropped, ``or`` for ``and``, ``<`` for ``>``,
-``desc`` dropped, ``sum`` for ``avg``, ``d.city`` for ``d.name``, and so on, each of which gives
-other rows than the gold query. The model ends up knowing the format, the tables and how to copy a
-question's constants into a query, but mostly making its template's mistake: greedy decoding writes
-the twin, while sampling writes the gold query often enough for GRPO to find out from the rewards
-that it pays.
+``!=`` for ``=``, ``desc`` dropped, ``sum`` for ``avg``, ``d.city`` for ``d.name``, and so on,
+each of which gives other rows than the gold query. The model ends up knowing the format, the
+tables and how to copy a question's constants into a query, but mostly making its template's
+mistake: greedy decoding writes the twin, while sampling writes the gold query often enough for
+GRPO to find out from the rewards that it pays.
 
     python -m examples.sql.warm_start --model runs/sql/base --out runs/sql/warm \\
         --database runs/sql/company.sqlite
@@ -47,7 +47,7 @@ from examples.sql.agent import (
     rewrite_messages,
     write_messages,
 )
-from examples.sql.database import build_database
+from examples.sql.database import TITLES, build_database
 from examples.sql.dataset import Task, make_splits
 from examples.sql.execution import QueryResult, format_result, run_query
 
@@ -57,7 +57,7 @@ __all__ = [
     "checker_verdict",
     "conversations",
     "corpus",
-    "name_variants",
+    "made_up_variants",
     "twin",
     "warm_start",
 ]
@@ -73,19 +73,20 @@ class WarmStartConfig:
     with probability ``format_gold_fraction``; for the rest, with ``gold_fraction``. Each step
     learns ``batch_size`` conversations: a share ``checker_share`` of them the checker's,
     ``rewriter_share`` the rewriter's, the rest the writer's. The writer and the rewriter also
-    learn from ``name_variants`` copies of each training task about an employee or a project with
-    a made-up name in its place (:func:`name_variants`).
+    learn from ``variants`` copies of each training task with its names and numbers made up
+    (:func:`made_up_variants`): a share ``variant_share`` of their conversations are those.
     """
 
     gold_fraction: float = 0.3
     format_gold_fraction: float = 0.3
-    format_steps: int = 1300
-    steps: int = 1500
+    format_steps: int = 2700
+    steps: int = 3000
     batch_size: int = 16
     learning_rate: float = 3e-3
     checker_share: float = 0.15
-    rewriter_share: float = 0.25
-    name_variants: int = 4
+    rewriter_share: float = 0.15
+    variants: int = 4
+    variant_share: float = 0.5
     seed: int = 0
 
 
@@ -106,7 +107,7 @@ def _replace(old: str, new: str) -> Callable[[str], str]:
 
 
 _TWINS: dict[str, Callable[[str], str]] = {
-    "count_department": _replace("d.name =", "d.city ="),
+    "count_department": _replace("d.name =", "d.name !="),
     "count_department_hired_after": _drop_last_condition,
     "count_title_in_city": _or_for_and,
     "list_title_in_department": _or_for_and,
@@ -184,6 +185,23 @@ _PROJECT_NAMES = (
     "Acorn", "Basalt", "Cedar", "Dune", "Echo", "Fjord", "Glacier", "Heron", "Indigo", "Jasper",
     "Kestrel", "Lotus", "Magnet", "Nectar", "Onyx", "Prism", "Quill", "Raven", "Saffron", "Topaz",
 )  # fmt: skip
+# Departments and cities the database does not have.
+_DEPARTMENTS = (
+    "Logistics",
+    "Design",
+    "Procurement",
+    "Security",
+    "Quality",
+    "Facilities",
+    "Strategy",
+    "Compliance",
+)
+_CITIES = ("Prague", "Vienna", "Dublin", "Porto", "Riga", "Geneva", "Bergen", "Krakow")
+# Numbers the dataset's questions never ask about: years before or after its pools', other salaries
+# and other counts.
+_YEARS = (*range(1995, 2010), *range(2023, 2040))
+_SALARIES = (35_000, 45_000, 55_000, 65_000, 75_000, 85_000, 95_000, 110_000, 130_000, 150_000)
+_COUNTS = (2, 4, 6, 7, 8, 10)
 
 
 @functools.lru_cache(maxsize=4)
@@ -203,37 +221,77 @@ def _made_up_names(database: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return people, tuple(name for name in _PROJECT_NAMES if name not in projects)
 
 
-def name_variants(tasks: Sequence[Task], count: int) -> list[Task]:
-    """``count`` copies of each task about an employee or a project, the name made up.
+def _database_names(database: str) -> list[str]:
+    """Every department, city, title, employee and project name in ``database``."""
+    connection = sqlite3.connect(f"{Path(database).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = connection.execute(
+            "select name from departments union select city from departments"
+            " union select title from employees union select name from employees"
+            " union select name from projects order by 1"
+        ).fetchall()
+    finally:
+        connection.close()
+    return [name for (name,) in rows]
 
-    A model that saw each name in a few questions learns the names it saw, not to copy a name; the
-    copies pair the employees' first and last names anew (and name projects with other words), so
-    that the model learns to copy the question's name into its query. No made-up name is an
-    employee's or a project's of the task's database, so no copy is a pair of any split. The same
-    tasks always give the same copies.
+
+def _word(value: object) -> re.Pattern[str]:
+    return re.compile(rf"(?<!\w){re.escape(str(value))}(?!\w)")
+
+
+def _made_up(task: Task, rng: random.Random) -> Task | None:
+    """``task`` with its constants made up, or None when it has none to make up: an employee or
+    project that the database does not have, a year, salary or count no question asks about. A
+    title is drawn afresh from the real ones, and the department or city beside it made up, so
+    that the pair is no real one; elsewhere the department or city stays (each of the few is in
+    many training questions already)."""
+    people, projects = _made_up_names(str(task["database"]))
+    question, sql, constants = task["question"], task["gold_sql"], dict(task["constants"])
+    for key, value in task["constants"].items():
+        new: Any
+        if key in ("department", "city") and "title" not in task["constants"]:
+            continue  # every question names one of the few departments or cities: no need
+        if key in ("employee", "project", "department", "city"):
+            pools = {"employee": people, "project": projects, "department": _DEPARTMENTS, "city": _CITIES}
+            new = rng.choice(pools[key])
+            question, sql = question.replace(value, new), sql.replace(f"'{value}'", f"'{new}'")
+        elif key == "title":
+            new = rng.choice([title for title in TITLES if title != value])
+            question = question.replace(f"{value.lower()}s", f"{new.lower()}s").replace(value, new)
+            sql = sql.replace(f"'{value}'", f"'{new}'")
+        elif key == "salary":
+            new = rng.choice(_SALARIES)
+            question = question.replace(f"${value:,}", f"${new:,}")
+            sql = _word(value).sub(str(new), sql)
+        else:  # hired_after, started_after, n
+            new = rng.choice(_COUNTS if key == "n" else _YEARS)
+            question, sql = _word(value).sub(str(new), question), _word(value).sub(str(new), sql)
+        constants[key] = new
+    if constants == task["constants"]:
+        return None
+    return {**task, "question": question, "gold_sql": sql, "constants": constants}
+
+
+def made_up_variants(tasks: Sequence[Task], count: int) -> list[Task]:
+    """``count`` copies of each task with its constants made up (:func:`_made_up`); none of a task
+    that asks only about departments or cities.
+
+    A model that saw each name or year in a few questions learns the ones it saw, not to copy them
+    from the question; in the copies the employees' first and last names are paired anew, projects
+    have other names, the numbers are ones no question asks about and the titles are paired with
+    made-up departments and cities, so the model learns to copy the question's constants into its
+    query. A made-up department, city, employee or project is not in the task's database and a
+    made-up number is outside the dataset's pools, so no copy is a (template, constants) pair of
+    any split. The same tasks always give the same copies.
     """
     variants = []
     for task in tasks:
-        constants = task["constants"]
-        people, projects = _made_up_names(str(task["database"]))
-        if "employee" in constants:
-            key, pool = "employee", people
-        elif "project" in constants:
-            key, pool = "project", projects
-        else:
-            continue
-        rng = random.Random(f"sql-warm-start-names:{task['id']}")
-        for number, name in enumerate(rng.sample(pool, count)):
-            old = constants[key]
-            variants.append(
-                {
-                    **task,
-                    "id": f"{task['id']}-name-{number}",
-                    "question": task["question"].replace(old, name),
-                    "gold_sql": task["gold_sql"].replace(f"'{old}'", f"'{name}'"),
-                    "constants": {**constants, key: name},
-                }
-            )
+        rng = random.Random(f"sql-warm-start-variants:{task['id']}")
+        for number in range(count):
+            variant = _made_up(task, rng)
+            if variant is None:
+                break
+            variants.append({**variant, "id": f"{task['id']}-made-up-{number}"})
     return variants
 
 
@@ -284,12 +342,17 @@ def conversations(task: Task) -> Conversations:
 def corpus(tasks: Sequence[Task]) -> list[str]:
     """Texts of the task for the tokenizer to learn from (``fulgor model init --corpus``).
 
-    The agents' system prompts (the schema with them), and each task's (and name variant's)
-    question, gold query, twin, the checker's prompt on them and its verdicts: with a vocabulary
-    fitted to them, a query takes a few dozen tokens.
+    The agents' system prompts (the schema with them), each name of the tasks' database (every
+    department, city, title, employee and project) as a question and a query write it, each task's (and
+    made-up variant's) question, gold query, twin, the checker's prompt on them and its verdicts:
+    with a vocabulary fitted to them, a query takes a few dozen tokens, and a name is one or two
+    tokens in a question and in a query alike (a project only a few tasks ask about would be cut
+    into pieces in the query, which a model this small cannot copy them into).
     """
     texts = [WRITE_SYSTEM, CHECK_SYSTEM, REWRITE_SYSTEM, "CORRECT", "WRONG"] * 50
-    for task in [*tasks, *name_variants(tasks, WarmStartConfig.name_variants)]:
+    for database in sorted({str(task["database"]) for task in tasks}):
+        texts += [f" {name} = '{name}'" for name in _database_names(database)] * 20
+    for task in [*tasks, *made_up_variants(tasks, WarmStartConfig.variants)]:
         gold, wrong = task["gold_sql"], twin(task)
         texts += [task["question"], gold, wrong]
         texts += [check_messages(task["question"], query, "")[1]["content"] for query in (gold, wrong)]
@@ -324,37 +387,44 @@ def warm_start(
     updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
     stops = eos_token_ids(policy.model, policy.tokenizer)  # where the engine ends a turn
 
-    # Every conversation of every task and name variant, rendered once and checked.
-    solved = [conversations(task) for task in tasks]
-    solved += [
-        replace(conversations(task), checker=[]) for task in name_variants(tasks, config.name_variants)
-    ]
+    # Every conversation of every task and made-up variant, rendered once and checked. The
+    # variants' results are their own (often no row), so only the writer and rewriter learn them.
+    real = [conversations(task) for task in tasks]
+    made_up = [replace(conversations(t), checker=[]) for t in made_up_variants(tasks, config.variants)]
     named: list[tuple[str, Conversation]] = []
-    for index, found in enumerate(solved):
-        named += [(f"task-{index}-write-{kind}", messages) for kind, messages in found.writer.items()]
-        named += [(f"task-{index}-check-{n}", messages) for n, messages in enumerate(found.checker)]
-        for n, answers in enumerate(found.rewriter):
-            named += [(f"task-{index}-rewrite-{n}-{kind}", messages) for kind, messages in answers.items()]
+    for source, solved in (("task", real), ("variant", made_up)):
+        for index, found in enumerate(solved):
+            prefix = f"{source}-{index}"
+            named += [(f"{prefix}-write-{kind}", messages) for kind, messages in found.writer.items()]
+            named += [(f"{prefix}-check-{n}", messages) for n, messages in enumerate(found.checker)]
+            for n, answers in enumerate(found.rewriter):
+                named += [(f"{prefix}-rewrite-{n}-{kind}", messages) for kind, messages in answers.items()]
     transcripts = [Transcript.of(messages, name=name) for name, messages in named]
     rendered = teacher_data(transcripts, policy.tokenizer, stop_token_ids=stops)
     if rendered.unusable:
         raise ValueError(f"the warm start's solutions do not render faithfully: {rendered.summary()}")
     rows = {trajectory.rollout_id: trajectory for trajectory in rendered.trajectories}
-    checked = [index for index, found in enumerate(solved) if found.checker]
-    rewritten = [index for index, found in enumerate(solved) if found.rewriter]
+    rewritten = {
+        source: [index for index, found in enumerate(solved) if found.rewriter]
+        for source, solved in (("task", real), ("variant", made_up))
+    }
 
     def pick(step: int) -> Any:
-        """One conversation: an agent by its share, a task, and for a query the gold one or the twin."""
+        """One conversation: an agent by its share, a task or a variant, and for a query the gold
+        one or the twin."""
         fraction = config.format_gold_fraction if step <= config.format_steps else config.gold_fraction
         kind = "gold" if rng.random() < fraction else "twin"
         agent = rng.random()
         if agent < config.checker_share:
-            index = rng.choice(checked)
-            return rows[f"task-{index}-check-{rng.randrange(len(solved[index].checker))}"]
+            index = rng.randrange(len(real))
+            return rows[f"task-{index}-check-{rng.randrange(len(real[index].checker))}"]
+        source, solved = (
+            ("variant", made_up) if made_up and rng.random() < config.variant_share else ("task", real)
+        )
         if agent < config.checker_share + config.rewriter_share:
-            index = rng.choice(rewritten)
-            return rows[f"task-{index}-rewrite-{rng.randrange(len(solved[index].rewriter))}-{kind}"]
-        return rows[f"task-{rng.randrange(len(solved))}-write-{kind}"]
+            index = rng.choice(rewritten[source])
+            return rows[f"{source}-{index}-rewrite-{rng.randrange(len(solved[index].rewriter))}-{kind}"]
+        return rows[f"{source}-{rng.randrange(len(solved))}-write-{kind}"]
 
     # A short linear warm-up (a fresh model's first gradients are wild), the full rate for the
     # first phase, then a decay to a quarter.

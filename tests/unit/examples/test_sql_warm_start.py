@@ -1,5 +1,5 @@
 """The SQL warm start's synthetic solutions: wrong twins that are really wrong, the checker's rule,
-made-up names that are nobody's, and conversations that render faithfully for the engine."""
+made-up constants that are in no split, and conversations that render faithfully for the engine."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 
 from examples.sql.agent import parse_query, parse_verdict
-from examples.sql.database import build_database
+from examples.sql.database import TITLES, build_database
 from examples.sql.dataset import TEMPLATES, make_splits
 from examples.sql.execution import execution_accuracy, run_query
 from examples.sql.warm_start import (
+    WarmStartConfig,
     broken_queries,
     checker_verdict,
     conversations,
     corpus,
-    name_variants,
+    made_up_variants,
     twin,
 )
 
@@ -58,22 +59,42 @@ def test_the_checkers_rule_passes_gold_and_fails_broken_queries(
             assert checker_verdict(run_query(task["database"], query)) == "WRONG", query
 
 
-def test_made_up_names_are_nobodys_and_copy_only_the_name(tasks: dict[str, list[dict[str, Any]]]) -> None:
+def test_made_up_constants_are_in_no_split_and_replace_the_real_ones(
+    tasks: dict[str, list[dict[str, Any]]],
+) -> None:
     train = tasks["train"]
-    variants = name_variants(train, 2)
-    assert variants == name_variants(train, 2)
-    named = [task for task in train if {"employee", "project"} & set(task["constants"])]
-    assert len(variants) == 2 * len(named)
+    variants = made_up_variants(train, 2)
+    assert variants == made_up_variants(train, 2)
+    only_places = [task for task in train if set(task["constants"]) <= {"department", "city"}]
+    assert only_places
+    assert len(variants) == 2 * (len(train) - len(only_places))
     pairs = {(task["template"], tuple(sorted(task["constants"].items()))) for task in every(tasks)}
-    people = {name for (name,) in _rows(train[0]["database"], "select name from employees")}
-    projects = {name for (name,) in _rows(train[0]["database"], "select name from projects")}
+    database = train[0]["database"]
+    names = {
+        name for (name,) in _rows(database, "select name from employees union select name from projects")
+    }
+    places = {value for row in _rows(database, "select name, city from departments") for value in row}
+    by_id = {task["id"]: task for task in train}
     for variant in variants:
+        original = by_id[variant["id"].rsplit("-made-up-", 1)[0]]
         assert (variant["template"], tuple(sorted(variant["constants"].items()))) not in pairs
-        name = variant["constants"].get("employee") or variant["constants"]["project"]
-        assert name not in people | projects
-        assert name in variant["question"]
-        assert f"'{name}'" in variant["gold_sql"]
         assert twin(variant) != variant["gold_sql"]
+        assert variant["constants"].keys() == original["constants"].keys()
+        for key, value in variant["constants"].items():
+            if key in ("department", "city") and "title" not in variant["constants"]:
+                assert value == original["constants"][key]
+                continue
+            assert value != original["constants"][key]
+            assert value not in names | places
+            if key == "title":
+                assert value in TITLES  # a real title, in a question otherwise made up
+                continue
+            shown = f"${value:,}" if key == "salary" else str(value)
+            assert shown in variant["question"], (key, variant["question"])
+            assert (f"'{value}'" if isinstance(value, str) else str(value)) in variant["gold_sql"]
+        # The rest of the question and the query are the original's, word for word.
+        assert variant["question"].count(" ") == original["question"].count(" ")
+        assert variant["gold_sql"].split(" ")[:6] == original["gold_sql"].split(" ")[:6]
 
 
 def _rows(database: str, sql: str) -> list[tuple[Any, ...]]:
@@ -91,11 +112,12 @@ def test_the_solutions_render_faithfully_in_the_agents_conversations(
     from fulgor.engine.loading import eos_token_ids, load_model
     from fulgor.engine.models import init_model
 
-    # One task of each template, and name variants: enough for a tokenizer fitted to them.
-    train = list({task["template"]: task for task in tasks["train"]}.values())
-    base = init_model(tmp_path / "base", "tiny", seed=0, corpus=corpus(train))
+    # The demo's tokenizer (fitted to the whole training split), and one task of each template
+    # with its made-up variant.
+    base = init_model(tmp_path / "base", "tiny", seed=0, corpus=corpus(tasks["train"]))
     loaded = load_model(base, device="cpu")
-    solutions = [conversations(task) for task in [*train, *name_variants(train, 1)]]
+    train = list({task["template"]: task for task in tasks["train"]}.values())
+    solutions = [conversations(task) for task in [*train, *made_up_variants(train, 1)]]
     transcripts, answers = [], []
     for number, found in enumerate(solutions):
         for messages in [
@@ -139,3 +161,39 @@ def test_each_agent_is_shown_its_own_conversation(tasks: dict[str, list[dict[str
             assert answers["gold"][0]["content"] == REWRITE_SYSTEM
             result = prompt.rsplit("\nResult: ", 1)[1]
             assert result.startswith("error") or result in ("0 rows", "1 row: (0,)", "1 row: (None,)")
+
+
+def test_the_demo_learns_what_it_documents(tmp_path: Path, tasks: dict[str, list[dict[str, Any]]]) -> None:
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from examples.sql.train import demo_grpo
+    from fulgor.engine.models import init_model
+
+    grpo = demo_grpo()
+    # Steps of 64 rollouts (8 questions x 8), stopping once 570 s are used; the writer's and the
+    # rewriter's calls are trained, not the checker's.
+    assert (grpo.batch_tasks, grpo.group_size, grpo.max_seconds) == (8, 8, 570.0)
+    assert grpo.agent_match == "write|rewrite"
+    assert demo_grpo(agent_match=None).agent_match is None
+    # The warm start shows the gold query 30% of the time, the twin otherwise.
+    assert WarmStartConfig().gold_fraction == WarmStartConfig().format_gold_fraction == 0.3
+    # With the demo's tokenizer every gold query and twin fits in max_tokens, its end of turn too.
+    base = init_model(tmp_path / "base", "tiny", seed=0, corpus=corpus(tasks["train"]))
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    lengths = [
+        len(tokenizer(query, add_special_tokens=False)["input_ids"])
+        for task in every(tasks)
+        for query in (task["gold_sql"], twin(task))
+    ]
+    assert max(lengths) < grpo.max_tokens
+
+
+def test_the_documented_examples_run() -> None:
+    import doctest
+
+    import examples.sql.warm_start
+
+    result = doctest.testmod(examples.sql.warm_start)
+    assert result.attempted
+    assert not result.failed
