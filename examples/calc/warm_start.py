@@ -24,7 +24,7 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate
 from examples.calc.dataset import Task, make_splits
 
-__all__ = ["WarmStartConfig", "corpus", "solution", "warm_start"]
+__all__ = ["WarmStartConfig", "corpus", "solution", "train_and_save", "warm_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,26 +121,41 @@ def warm_start(
     if rendered.unusable:
         raise ValueError(f"the warm start's solutions do not render faithfully: {rendered.summary()}")
     solutions = [rendered.trajectories[i : i + 2] for i in range(0, len(rendered.trajectories), 2)]
-    # A short linear warm-up (a fresh model's first gradients are wild), the full rate while every
-    # solution uses the tool, then a decay to a quarter: the second phase sets how often the model
-    # reaches for the tool without unlearning how.
-    warmup = max(1, config.steps // 20)
+    # A short linear warm-up, the full rate while every solution uses the tool, then a decay to a
+    # quarter: the second phase sets how often the model reaches for the tool without unlearning how.
+
+    def batch(step: int) -> list[Any]:
+        tasks_of_step = rng.sample(range(len(tasks)), config.batch_size)
+        fraction = 1.0 if step <= config.tool_steps else config.tool_fraction
+        return [solutions[index][rng.random() < fraction] for index in tasks_of_step]
+
+    return train_and_save(
+        policy, updater, Path(out), steps=config.steps, first_steps=config.tool_steps, batch=batch
+    )
+
+
+def train_and_save(
+    policy: Any, updater: Any, out: Path, *, steps: int, first_steps: int, batch: Callable[[int], list[Any]]
+) -> Path:
+    """The warm starts' loop: ``steps`` SFT steps on ``batch(step)``, at a rate with a short linear
+    warm-up (a fresh model's first gradients are wild), the full rate for the first ``first_steps``
+    steps, then a decay to a quarter; the model saved to ``out`` whole or not at all."""
+    import torch
+
+    warmup = max(1, steps // 20)
 
     def scale(step: int) -> float:
-        if step < config.tool_steps:
+        if step < first_steps:
             return min(1.0, (step + 1) / warmup)
-        return 1.0 - 0.75 * (step - config.tool_steps) / max(1, config.steps - config.tool_steps)
+        return 1.0 - 0.75 * (step - first_steps) / max(1, steps - first_steps)
 
     schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
     started = time.perf_counter()
-    for step in range(1, config.steps + 1):
-        batch = rng.sample(range(len(tasks)), config.batch_size)
-        fraction = 1.0 if step <= config.tool_steps else config.tool_fraction
-        metrics = updater.step([solutions[index][rng.random() < fraction] for index in batch])
+    for step in range(1, steps + 1):
+        metrics = updater.step(batch(step))
         schedule.step()
-        if step % 25 == 0 or step == config.steps:
-            logger.info("warm start step %d/%d: loss %.4f", step, config.steps, metrics["loss"])
-    out = Path(out)
+        if step % 25 == 0 or step == steps:
+            logger.info("warm start step %d/%d: loss %.4f", step, steps, metrics["loss"])
     partial = out.with_name(f".{out.name}.partial")  # complete or absent: a rerun never finds half a model
     shutil.rmtree(partial, ignore_errors=True)
     policy.model.save_pretrained(partial)
@@ -148,7 +163,7 @@ def warm_start(
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     seconds = time.perf_counter() - started
-    logger.info("warm start: %d steps in %.0fs, saved to %s", config.steps, seconds, out)
+    logger.info("warm start: %d steps in %.0fs, saved to %s", steps, seconds, out)
     return out
 
 

@@ -31,14 +31,13 @@ import functools
 import logging
 import random
 import re
-import shutil
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from examples.calc.warm_start import train_and_save
 from examples.sql.agent import (
     CHECK_SYSTEM,
     REWRITE_SYSTEM,
@@ -426,32 +425,15 @@ def warm_start(
             return rows[f"{source}-{index}-rewrite-{rng.randrange(len(solved[index].rewriter))}-{kind}"]
         return rows[f"{source}-{rng.randrange(len(solved))}-write-{kind}"]
 
-    # A short linear warm-up (a fresh model's first gradients are wild), the full rate for the
-    # first phase, then a decay to a quarter.
-    warmup = max(1, config.steps // 20)
-
-    def scale(step: int) -> float:
-        if step < config.format_steps:
-            return min(1.0, (step + 1) / warmup)
-        return 1.0 - 0.75 * (step - config.format_steps) / max(1, config.steps - config.format_steps)
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(updater.optimizer, scale)
-    started = time.perf_counter()
-    for step in range(1, config.steps + 1):
-        metrics = updater.step([pick(step) for _ in range(config.batch_size)])
-        schedule.step()
-        if step % 25 == 0 or step == config.steps:
-            logger.info("warm start step %d/%d: loss %.4f", step, config.steps, metrics["loss"])
-    out = Path(out)
-    partial = out.with_name(f".{out.name}.partial")  # complete or absent: a rerun never finds half a model
-    shutil.rmtree(partial, ignore_errors=True)
-    policy.model.save_pretrained(partial)
-    policy.tokenizer.save_pretrained(partial)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    seconds = time.perf_counter() - started
-    logger.info("warm start: %d steps in %.0fs, saved to %s", config.steps, seconds, out)
-    return out
+    # A short linear warm-up, the full rate for the first phase, then a decay to a quarter.
+    return train_and_save(
+        policy,
+        updater,
+        Path(out),
+        steps=config.steps,
+        first_steps=config.format_steps,
+        batch=lambda step: [pick(step) for _ in range(config.batch_size)],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
