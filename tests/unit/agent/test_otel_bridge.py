@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode, Tracer
 
@@ -89,3 +91,17 @@ async def test_a_span_fulgor_cannot_store_never_raises_into_the_agent() -> None:
     assert names == ["x" * 512, "after"]
     assert (recorder.stats.lost, recorder.lost_for(context.rollout_id)) == (1, 1)
     await store.close()
+
+
+def test_langchain_is_instrumented_without_prompts_in_its_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.instrumentation.langchain")
+    import langchain_core  # noqa: F401  (an agent that uses LangChain has imported it)
+
+    from fulgor.agent.otel import instrument_langchain
+
+    monkeypatch.delenv("TRACELOOP_TRACE_CONTENT", raising=False)
+    assert instrument_langchain()
+    assert os.environ["TRACELOOP_TRACE_CONTENT"] == "false"  # the gateway records each call whole
+    monkeypatch.setenv("TRACELOOP_TRACE_CONTENT", "true")
+    assert instrument_langchain()  # once is enough; a setting of the user's stays
+    assert os.environ["TRACELOOP_TRACE_CONTENT"] == "true"
