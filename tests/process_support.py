@@ -1,10 +1,19 @@
-"""Looking at live processes through /proc, for the tests that check nothing is left behind."""
+"""Looking at live processes through /proc, for the tests that check nothing is left behind, and
+starting them as a terminal would."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
+
+
+def take_sigint() -> None:
+    """A ``preexec_fn`` giving the child SIGINT's default disposition, as a terminal's foreground job
+    has: a background job of a non-interactive shell (the way CI often starts a suite) inherits
+    SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def descendants(pid: int) -> set[int]:

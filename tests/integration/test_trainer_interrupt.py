@@ -29,7 +29,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.integration.interrupted_fit import REPORT
-from tests.process_support import alive, descendants
+from tests.process_support import alive, descendants, take_sigint
 
 from fulgor import semconv
 from fulgor.engine.models import init_model
@@ -94,6 +94,7 @@ def start_run(tmp_path: Path, model_dir: Path) -> Iterator[Callable[[bool], Run]
             process = subprocess.Popen(
                 [sys.executable, "-c", RUN, *arguments],
                 cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT, text=True,
+                preexec_fn=take_sigint,
             )  # fmt: skip
         started.append(Run(process, run_dir, markers, output))
         return started[-1]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.process_support import running_in
+from tests.process_support import running_in, take_sigint
 
 from fulgor.cli.main import main
 from fulgor.errors import ConfigError
@@ -594,6 +594,7 @@ def interrupt_a_training_run(folder: Path, tiny_model: Path) -> tuple[int, str, 
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=take_sigint,
     )
     try:
         deadline = time.monotonic() + 180
