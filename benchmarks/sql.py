@@ -13,9 +13,12 @@ the other, GRPO with the demo's settings (:func:`examples.sql.train.demo_grpo`) 
 * ``writer+rewriter``: ``agent_match="write|rewrite"``, the writer's and the rewriter's calls (the
   checker's are counted as not matched), as ``make demo-sql`` does;
 * ``all three``: ``agent_match=None``, every agent's calls, the checker's too;
+* ``one adapter per agent``: ``adapters={"write": ..., "rewrite": ...}``, a LoRA adapter each for
+  the writer and the rewriter over the frozen warm start (the checker is served by the base),
+  as ``python -m examples.sql.train --adapters`` does;
 
 and the test split is run again with each side's final weights. Validation (greedy, the val split)
-gives the curves. (A side is one entry of :data:`SIDES`: one adapter per agent would be another.)
+gives the curves. A side is one entry of :data:`SIDES`; ``--sides`` picks some.
 
 Acceptance (medians over the seeds): the warm-started model right on fewer than 30% of the test
 questions, and the writer+rewriter side on at least 70% after at most 10 minutes of GRPO wall time
@@ -40,7 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from examples.sql.train import DEFAULT_AGENT_MATCH, SIZES, calls_not_matched, run_demo  # noqa: E402
+from examples.sql.train import ADAPTERS, DEFAULT_AGENT_MATCH, SIZES, calls_not_matched, run_demo  # noqa: E402
 from examples.sql.warm_start import WarmStartConfig  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
 from fulgor.training.run_report import read_metrics  # noqa: E402
@@ -59,11 +62,13 @@ class Side:
     key: str
     agent_match: str | None
     grpo_name: str
+    adapters: tuple[str, ...] = ()
 
 
 SIDES = (
     Side("writer+rewriter", "selective", DEFAULT_AGENT_MATCH, "grpo"),
     Side("all three", "all", None, "grpo-all"),
+    Side("one adapter per agent", "adapters", None, "grpo-adapters", ADAPTERS),
 )
 
 
@@ -100,7 +105,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="GRPO steps per side (at most; 9.5 minutes)")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "sql")
     parser.add_argument("--quick", action="store_true", help="one seed, a few steps, small splits")
+    parser.add_argument(
+        "--sides", nargs="+", choices=[side.key for side in SIDES], default=[side.key for side in SIDES]
+    )
     args = parser.parse_args()
+    if "selective" not in args.sides:
+        parser.error("--sides must include 'selective': the acceptance is measured on it")
+    sides = [side for side in SIDES if side.key in args.sides]
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     options: dict[str, Any] = {"max_steps": args.steps, "sizes": SIZES}
     seeds = args.seeds
@@ -118,7 +129,7 @@ def main() -> int:
             warm = WarmStartConfig(seed=seed, format_steps=2, steps=4, batch_size=4)
         started = time.perf_counter()
         row: dict[str, Any] = {"seed": seed}
-        for number, side in enumerate(SIDES):
+        for number, side in enumerate(sides):
             result = run_demo(
                 run_dir,
                 seed=seed,
@@ -126,6 +137,7 @@ def main() -> int:
                 test_before=number == 0,
                 progress=False,
                 agent_match=side.agent_match,
+                adapters=side.adapters,
                 grpo_name=side.grpo_name,
                 **options,
             )
@@ -140,7 +152,7 @@ def main() -> int:
     print(f"\n{time.strftime('%Y-%m-%d')}, {time.perf_counter() - started_all:.0f} s in all")
     header = "| seed | warm start | test acc before |"
     rule = "|---|---|---|"
-    for side in SIDES:
+    for side in sides:
         header += (
             f" {side.label}: GRPO steps | GRPO wall | test acc after | calls not matched | lost tokens |"
         )
@@ -148,27 +160,28 @@ def main() -> int:
     print(f"\n{header}\n{rule}")
     for r in rows:
         line = f"| {r['seed']} | {r['warm_start_s']:.0f} s | {r['before']:.1%} |"
-        for side in SIDES:
+        for side in sides:
             s = r[side.key]
             line += (
                 f" {s['steps']} | {s['grpo_s']:.0f} s | {s['after']:.1%} | {s['not_matched']} | {s['lost']} |"
             )
         print(line)
     before = statistics.median(r["before"] for r in rows)
-    after = {side.key: statistics.median(r[side.key]["after"] for r in rows) for side in SIDES}
-    grpo_s = max(r[side.key]["grpo_s"] for r in rows for side in SIDES)
-    lost = sum(r[side.key]["lost"] for r in rows for side in SIDES)
+    after = {side.key: statistics.median(r[side.key]["after"] for r in rows) for side in sides}
+    grpo_s = max(r[side.key]["grpo_s"] for r in rows for side in sides)
+    lost = sum(r[side.key]["lost"] for r in rows for side in sides)
     met = before < 0.30 and after["selective"] >= 0.70 and grpo_s <= 600 and lost == 0
+    afters = " ".join(f"test_after_{key}={value:.2f}" for key, value in after.items())
     print(
-        f"RESULT test_before={before:.2f} test_after_selective={after['selective']:.2f} "
-        f"test_after_all={after['all']:.2f} lost_tokens={lost} grpo_seconds_max={grpo_s:.0f} "
+        f"RESULT test_before={before:.2f} {afters} lost_tokens={lost} grpo_seconds_max={grpo_s:.0f} "
         f"seeds={len(rows)} target_met={str(met).lower()}"
     )
     return 0
 
 
 def print_curve(seed: int, side: Side, row: dict[str, Any]) -> None:
-    print(f"  seed {seed}, {side.label} (agent_match={side.agent_match!r}): step, GRPO seconds, val accuracy")
+    trained = f"adapters={list(side.adapters)}" if side.adapters else f"agent_match={side.agent_match!r}"
+    print(f"  seed {seed}, {side.label} ({trained}): step, GRPO seconds, val accuracy")
     for step, seconds, accuracy in row["curve"]:
         print(f"    {step:>3} {seconds:>5}s  {accuracy:.3f}")
     print(

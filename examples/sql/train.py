@@ -20,6 +20,7 @@ run directory already made:
 
     python -m examples.sql.train                           # a new run under runs/sql-<time>
     python -m examples.sql.train --run-dir runs/sql --seed 1 --agent-match all
+    python -m examples.sql.train --adapters                # a LoRA adapter each for writer, rewriter
 
 Ctrl+C at any stage stops every process the demo started and exits with status 130, naming the
 ``--run-dir`` that continues from the stages it finished.
@@ -41,7 +42,7 @@ from examples.sql.database import build_database
 from examples.sql.dataset import make_splits
 from examples.sql.warm_start import WarmStartConfig, corpus, warm_start
 
-__all__ = ["DEFAULT_AGENT_MATCH", "DemoResult", "demo_grpo", "run_demo"]
+__all__ = ["ADAPTERS", "DEFAULT_AGENT_MATCH", "DemoResult", "demo_grpo", "run_demo"]
 
 logger = logging.getLogger("examples.sql")
 
@@ -53,6 +54,12 @@ SIZES = (400, 64, 128)
 """The train, validation and test splits' sizes."""
 MAX_SECONDS = 570.0
 """GRPO's wall-time budget: the last step and its validation end within ten minutes."""
+ADAPTERS: Final = ("write", "rewrite")
+"""With ``--adapters``: one LoRA adapter each for the writer and the rewriter (names are agent-name
+prefixes); the checker is served by the frozen base."""
+LEARNING_RATE = 2e-4
+ADAPTER_LEARNING_RATE = 2e-3
+"""A LoRA adapter trains far fewer weights from zero; it takes a larger step."""
 
 
 def demo_grpo(
@@ -60,14 +67,18 @@ def demo_grpo(
     max_steps: int = 300,
     max_seconds: float | None = MAX_SECONDS,
     agent_match: str | None = DEFAULT_AGENT_MATCH,
+    adapters: tuple[str, ...] = (),
 ) -> Any:
     """The GRPO settings of the demo (a function, so that the benchmark uses the very same).
 
     Training stops after ``max_steps`` steps or once ``max_seconds`` of wall time are used up,
-    whichever comes first. ``agent_match`` picks the agents whose calls are trained (None: all).
+    whichever comes first. ``agent_match`` picks the agents whose calls are trained (None: all);
+    ``adapters`` instead names agents that each train a LoRA adapter of their own over the frozen
+    base (``agent_match`` must then be None: the adapters pick the calls).
     """
     from fulgor import GRPO
     from fulgor.algorithms.grpo.config import GRPOConfig
+    from fulgor.algorithms.lora import LoraConfig
 
     return GRPO(
         group_size=8,
@@ -78,8 +89,11 @@ def demo_grpo(
         temperature=1.0,
         max_tokens=48,  # the longest gold query takes 45 tokens, its end-of-turn one more
         agent_match=agent_match,
+        adapters={name: LoraConfig(rank=8) for name in adapters} or None,
         seed=seed,
-        config=GRPOConfig(learning_rate=2e-4, micro_batch_size=64),
+        config=GRPOConfig(
+            learning_rate=ADAPTER_LEARNING_RATE if adapters else LEARNING_RATE, micro_batch_size=64
+        ),
     )
 
 
@@ -89,6 +103,7 @@ class DemoResult:
 
     run_dir: Path
     agent_match: str | None = DEFAULT_AGENT_MATCH
+    adapters: tuple[str, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)
     test_before: dict[str, float] = field(default_factory=dict)
     test_after: dict[str, float] = field(default_factory=dict)
@@ -111,6 +126,7 @@ def run_demo(
     progress: bool = True,
     sizes: tuple[int, int, int] = SIZES,
     agent_match: str | None = DEFAULT_AGENT_MATCH,
+    adapters: tuple[str, ...] = (),
     grpo_name: str = "grpo",
 ) -> DemoResult:
     """Build, warm-start, train and test; every stage's output lands under ``run_dir``.
@@ -124,7 +140,7 @@ def run_demo(
     from fulgor.engine.models import init_model
     from fulgor.training.checkpoints import set_torch_threads
 
-    result = DemoResult(run_dir, agent_match)
+    result = DemoResult(run_dir, agent_match, adapters)
     base, warmed, grpo_dir = run_dir / "base", run_dir / "warm", run_dir / grpo_name
 
     started = time.perf_counter()
@@ -150,7 +166,7 @@ def run_demo(
 
     def trainer(directory: Path = grpo_dir) -> Trainer:
         return Trainer(
-            algorithm=demo_grpo(seed, max_steps, max_seconds, agent_match),
+            algorithm=demo_grpo(seed, max_steps, max_seconds, agent_match, adapters),
             engine=EngineConfig(model=warmed, served_model_name=MODEL_NAME, device="cpu", seed=seed),
             run_dir=directory,
             n_runners=1,
@@ -167,6 +183,8 @@ def run_demo(
 
     started = time.perf_counter()
     trained = "all agents" if agent_match is None else f"the agents matching {agent_match!r}"
+    if adapters:
+        trained = f"{', '.join(adapters)}, one LoRA adapter each over the frozen base"
     logger.info("[3/4] GRPO: at most %d steps, on the calls of %s", max_steps, trained)
     result.history = trainer().fit(sql_agent, splits["train"], splits["val"])
     result.seconds["grpo"] = time.perf_counter() - started
@@ -201,10 +219,20 @@ def main(argv: list[str] | None = None) -> int:
         help="a regular expression naming the agents whose calls train (write_query, check_query, "
         f"rewrite_query), or 'all' (default: {DEFAULT_AGENT_MATCH!r})",
     )
+    parser.add_argument(
+        "--adapters",
+        action="store_true",
+        help="one LoRA adapter each for the writer and the rewriter over the frozen base, instead of "
+        "training the whole model on the calls --agent-match picks",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
-    agent_match = None if args.agent_match == "all" else args.agent_match
+    if args.adapters and args.agent_match != DEFAULT_AGENT_MATCH:
+        parser.error("--adapters picks the calls that train (the writer's and rewriter's); drop --agent-match")
+    agent_match = None if args.agent_match == "all" or args.adapters else args.agent_match
+    adapters = ADAPTERS if args.adapters else ()
+    trained = f"one adapter each: {', '.join(adapters)}" if adapters else args.agent_match
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -212,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         result = run_demo(
-            run_dir, seed=args.seed, max_steps=args.steps, test_before=True, agent_match=agent_match
+            run_dir,
+            seed=args.seed,
+            max_steps=args.steps,
+            test_before=True,
+            agent_match=agent_match,
+            adapters=adapters,
         )
     except KeyboardInterrupt:
         print(
@@ -228,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     report = write_run_report(
         grpo_dir,
         title=f"sql: GRPO on a tiny model behind a LangGraph writer, checker and rewriter "
-        f"(trained: {args.agent_match})",
+        f"(trained: {trained})",
         notes={
-            "agents trained (agent_match)": args.agent_match,
+            "agents trained": trained,
             "validation accuracy before GRPO": first.get("val_accuracy"),
             "held-out test accuracy before GRPO (greedy)": before,
             "held-out test accuracy after GRPO (greedy)": after,

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("langgraph")
 
-from examples.sql.train import calls_not_matched, main, run_demo
+from examples.sql.train import ADAPTERS, calls_not_matched, main, run_demo
 from examples.sql.warm_start import WarmStartConfig
 from fulgor.adapters import DriftReport
 from fulgor.training.run_report import read_metrics
@@ -70,6 +70,21 @@ def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:
     assert all(step[f"drift/{name}"] == 0 for name in LOST)
     assert (run_dir / "grpo-all/checkpoints/step-1/config.json").is_file()
     assert json.loads((run_dir / "result-grpo-all.json").read_text())["agent_match"] is None
+
+    # And one LoRA adapter each for the writer and the rewriter over the frozen warm start.
+    apart = run_demo(
+        run_dir, max_steps=1, progress=False, sizes=(16, 4, 4), agent_match=None, adapters=ADAPTERS,
+        grpo_name="grpo-adapters",
+    )  # fmt: skip
+    [step] = [m for m in apart.history if m["step"] == 1]
+    assert step["drift/calls_not_matched"] >= 64  # the checker has no adapter: its calls stay context
+    assert all(step[f"trained_tokens/{name}"] > 0 for name in ADAPTERS)
+    assert all(step[f"drift/{name}"] == 0 for name in LOST)
+    checkpoint = run_dir / "grpo-adapters/checkpoints/step-1"
+    assert json.loads((checkpoint / "adapters.json").read_text())["adapters"] == list(ADAPTERS)
+    assert json.loads((run_dir / "result-grpo-adapters.json").read_text())["adapters"] == list(ADAPTERS)
+    assert set(apart.test_after) == EVALUATION
+    assert apart.test_after["val_rollouts_failed"] == 0
 
 
 @pytest.mark.slow
