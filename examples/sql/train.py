@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
     if args.adapters and args.agent_match != DEFAULT_AGENT_MATCH:
-        parser.error("--adapters picks the calls that train (the writer's and rewriter's); drop --agent-match")
+        parser.error("--adapters picks the calls that train (writer, rewriter): drop --agent-match")
     agent_match = None if args.agent_match == "all" or args.adapters else args.agent_match
     adapters = ADAPTERS if args.adapters else ()
     trained = f"one adapter each: {', '.join(adapters)}" if adapters else args.agent_match
