@@ -45,7 +45,8 @@ demo-rooms: $(VENV)/.installed-demo
 	$(PY) -m examples.rooms.train --simulate $(DEMO_ARGS)
 
 # The SQL example: a tiny model behind a LangGraph writer, checker and rewriter learns text-to-SQL
-# with GRPO (the writer's and rewriter's calls; --agent-match all trains the checker's too).
+# with GRPO (the writer's and rewriter's calls; --agent-match all trains the checker's too,
+# --adapters one LoRA adapter each for the writer and the rewriter).
 demo-sql: $(VENV)/.installed-demo
 	$(PY) -m examples.sql.train $(DEMO_ARGS)
 
