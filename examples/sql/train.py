@@ -182,9 +182,10 @@ def run_demo(
         result.seconds["test_before"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    trained = "all agents" if agent_match is None else f"the agents matching {agent_match!r}"
     if adapters:
         trained = f"{', '.join(adapters)}, one LoRA adapter each over the frozen base"
+    else:
+        trained = "all agents" if agent_match is None else f"the agents matching {agent_match!r}"
     logger.info("[3/4] GRPO: at most %d steps, on the calls of %s", max_steps, trained)
     result.history = trainer().fit(sql_agent, splits["train"], splits["val"])
     result.seconds["grpo"] = time.perf_counter() - started
