@@ -27,11 +27,7 @@ from fulgor.types import ModelCall, Span
 
 __all__ = ["AGENT_NAME_ATTRIBUTES", "span_agent_name", "with_agent_names"]
 
-AGENT_NAME_ATTRIBUTES: Final = (
-    semconv.ATTR_AGENT_NAME,
-    "traceloop.association.properties.langgraph_node",
-    "gen_ai.agent.name",
-)
+AGENT_NAME_ATTRIBUTES: Final = semconv.AGENT_NAME_ATTRIBUTES
 """The span attributes that name an agent, in the order they are read on one span."""
 
 _MAX_DEPTH = 256  # a span tree deeper than this is not an agent's; stop rather than loop on a cycle

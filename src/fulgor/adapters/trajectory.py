@@ -44,6 +44,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryRow",
     "build_trajectory",
+    "call_left_out",
     "model_calls",
     "rollout_feedback",
     "rollout_reward",
@@ -215,21 +216,30 @@ def _trainable_calls(
     kept = []
     for span, call in calls:
         report.calls_total += 1
-        agent = call.agent_name
-        if pattern is not None and (agent is None or not pattern.search(str(agent))):
-            report.calls_not_matched += 1
-        elif call.error is not None:
-            report.calls_failed += 1
-        elif call.token_ids_missing or call.prompt_token_ids is None or call.response_token_ids is None:
-            report.calls_missing_ids += 1
-        elif not call.response_token_ids:
-            # Skipping it keeps merges exact: the next call's prompt still extends the row.
-            report.calls_empty_response += 1
-        elif call.response_logprobs is None:  # when present, ModelCall has one per response id
-            report.calls_missing_logprobs += 1
-        else:
+        left_out = call_left_out(call, pattern)
+        if left_out is None:
             kept.append((span, call))
+        else:
+            setattr(report, left_out, getattr(report, left_out) + 1)
     return kept
+
+
+def call_left_out(call: ModelCall, agent_match: re.Pattern[str] | None) -> str | None:
+    """Why a call is not trained on, as the :class:`DriftReport` counter that counts it
+    (``calls_not_matched``, ``calls_failed``, ...), or None when it can be."""
+    agent = call.agent_name
+    if agent_match is not None and (agent is None or not agent_match.search(str(agent))):
+        return "calls_not_matched"
+    if call.error is not None:
+        return "calls_failed"
+    if call.token_ids_missing or call.prompt_token_ids is None or call.response_token_ids is None:
+        return "calls_missing_ids"
+    if not call.response_token_ids:
+        # Skipping it keeps merges exact: the next call's prompt still extends the row.
+        return "calls_empty_response"
+    if call.response_logprobs is None:  # when present, ModelCall has one per response id
+        return "calls_missing_logprobs"
+    return None
 
 
 def _calls_in(rows: list[TrajectoryRow], calls: list[ModelCall]) -> int:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from fulgor import __version__
+from fulgor.cli import dashboard as dashboard_cli
 from fulgor.cli import demo as demo_cli
 from fulgor.cli import doctor as doctor_cli
 from fulgor.cli import engine as engine_cli
@@ -28,6 +29,7 @@ COMMAND_MODULES = (
     engine_cli,
     model_cli,
     serve_cli,
+    dashboard_cli,
     gateway_cli,
     runner_cli,
     train_cli,

@@ -30,7 +30,9 @@ DEFAULT_PORT = 8474
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("serve", help="serve the store API and OTLP span ingestion over HTTP")
+    parser = subparsers.add_parser(
+        "serve", help="serve the store API, OTLP span ingestion and the dashboard over HTTP"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
         "--port",
@@ -61,6 +63,15 @@ def resolve_token(token_file: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
+def serve_dashboard(store: Any, token: str | None) -> Any:
+    """The dashboard over ``store``; a SQLite store's folder is its run folder (metrics, run.json)."""
+    from fulgor.dashboard import Dashboard, open_reader
+    from fulgor.store.sqlite import SqliteStore
+
+    run_dirs = [store.path.parent] if isinstance(store, SqliteStore) else []
+    return Dashboard(open_reader(store), run_dirs=run_dirs, token=token)
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         from fulgor import server
@@ -78,7 +89,10 @@ def _serve(args: argparse.Namespace) -> int:
         store = open_store(args.store)
         try:
             gateway = build_gateway(args, store, token) if args.upstream else None
-            app = server.create_app(server.ServerConfig(store=store, gateway=gateway, token=token))
+            dashboard = serve_dashboard(store, token)
+            app = server.create_app(
+                server.ServerConfig(store=store, gateway=gateway, dashboard=dashboard, token=token)
+            )
             sock = bind_socket(args.host, args.port)
         except BaseException:
             close_store(store)

@@ -30,7 +30,7 @@ from fulgor.server.store_api import StoreState, store_routes
 from fulgor.store import http_api as api
 from fulgor.version import __version__
 
-__all__ = ["App", "BackgroundServer", "check_bind", "create_app"]
+__all__ = ["App", "BackgroundServer", "check_bind", "create_app", "health_route"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,12 @@ def create_app(config: ServerConfig) -> App:
     routes = [
         *store_routes(StoreState(config, draining)),
         otlp_route(config.store, config.max_body_bytes, config.token),
-        _health_route(),
+        health_route(),
     ]
     secured = config.token is not None
     routes.append(_spec_route(tuple(routes), secured=secured))
+    if config.dashboard is not None:
+        routes += config.dashboard.routes()
     mounts = [Mount(prefix, config.gateway) for prefix in GATEWAY_PREFIXES] if config.gateway else []
     router = Router(routes, mounts, token=config.token, max_body_bytes=config.max_body_bytes)
     return App(config, router, draining)
@@ -100,6 +102,8 @@ class App:
                     if gateway is not None:
                         await gateway.close()
                 finally:
+                    if self.config.dashboard is not None:
+                        await self.config.dashboard.reader.close()
                     if self.config.close_store:
                         await self.config.store.close()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -122,7 +126,7 @@ def _spec_route(routes: Sequence[Route], *, secured: bool) -> Route:
     return Route("GET", "/openapi.json", openapi, open=True)
 
 
-def _health_route() -> Route:
+def health_route() -> Route:
     body = api.Health(version=__version__).model_dump_json().encode()
 
     async def healthz(scope: Scope, receive: Receive, params: dict[str, str]) -> Answer:

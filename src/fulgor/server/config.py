@@ -9,6 +9,7 @@ from fulgor import limits
 from fulgor.store.base import Store
 
 if TYPE_CHECKING:
+    from fulgor.dashboard import Dashboard
     from fulgor.gateway import Gateway
 
 __all__ = ["ServerConfig"]
@@ -25,11 +26,13 @@ class ServerConfig:
     takes longer than ``body_timeout_seconds`` gets 408 and a closed connection (the mounted gateway
     answers in its own callers' shape, with its own limits); long-polls are held at most
     ``max_wait_seconds`` (clients ask again); the ``idempotency_entries`` most recent
-    ``Idempotency-Key`` answers are remembered.
+    ``Idempotency-Key`` answers are remembered. ``dashboard``: the pages served at ``/``
+    (:mod:`fulgor.dashboard`), behind the same token.
     """
 
     store: Store
     gateway: Gateway | None = None
+    dashboard: Dashboard | None = None
     token: str | None = field(default=None, repr=False)
     close_store: bool = True
     max_body_bytes: int = limits.MAX_BODY_BYTES

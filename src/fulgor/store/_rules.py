@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from fulgor import limits
+from fulgor import limits, semconv
 from fulgor.errors import InvalidTransitionError, ValidationError
 from fulgor.limits import quoted
 from fulgor.store.base import SpanList
@@ -331,6 +331,29 @@ def read_spans(bodies: Iterable[str | bytes]) -> SpanList:
         except ValueError:  # pydantic's ValidationError is one
             spans.spans_unreadable += 1
     return spans
+
+
+def span_facts(span: Span) -> tuple[float | None, str | None]:
+    """What a span tells of its rollout for filtering: the reward a ``fulgor.reward`` span
+    gives (a finite number, else None), and the agent it names (its own agent attributes, or the
+    agent a model call was made for), else None."""
+    attributes = span.attributes
+    reward = None
+    if span.name == semconv.SPAN_REWARD:
+        value = attributes.get(semconv.ATTR_REWARD_VALUE)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            reward = float(value)
+    agent = None
+    for key in semconv.AGENT_NAME_ATTRIBUTES:
+        value = attributes.get(key)
+        if isinstance(value, str) and value:
+            agent = value
+            break
+    call = attributes.get(semconv.ATTR_MODEL_CALL) if span.name == semconv.SPAN_MODEL_CALL else None
+    if agent is None and isinstance(call, dict):
+        value = call.get("agent_name")
+        agent = value if isinstance(value, str) and value else None
+    return reward, agent
 
 
 def stored_span(body: str | bytes, sequence_id: int, added: Span) -> Span:

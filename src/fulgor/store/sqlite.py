@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from fulgor import semconv
 from fulgor.errors import (
     ConfigError,
     FulgorError,
@@ -87,7 +88,6 @@ CREATE TABLE IF NOT EXISTS rollouts (
     attempt_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts(queue_seq) WHERE queue_seq IS NOT NULL;
-CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts(status);
 CREATE INDEX IF NOT EXISTS rollouts_group ON rollouts(group_id) WHERE group_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     attempt_id TEXT PRIMARY KEY,
@@ -123,6 +123,23 @@ CREATE TABLE IF NOT EXISTS resources (
     version INTEGER NOT NULL UNIQUE,
     body TEXT NOT NULL
 );
+-- What the dashboard filters and sorts rollouts by, kept as spans arrive: each rollout's latest
+-- reward and the agents its spans name (see fulgor.dashboard).
+CREATE TABLE IF NOT EXISTS rollout_rewards (
+    seq INTEGER PRIMARY KEY,
+    reward REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollout_rewards_reward ON rollout_rewards(reward, seq);
+CREATE TABLE IF NOT EXISTS rollout_agents (
+    agent_name TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (agent_name, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rollouts_status_seq ON rollouts(status, seq);
+CREATE INDEX IF NOT EXISTS rollouts_mode_seq ON rollouts(mode, seq);
+CREATE INDEX IF NOT EXISTS rollouts_resources_seq ON rollouts(resources_id, seq);
+CREATE INDEX IF NOT EXISTS rollouts_step_seq ON rollouts(json_extract(metadata, '$.step'), seq);
+CREATE INDEX IF NOT EXISTS attempts_status ON attempts(status, rollout_id);
 CREATE TABLE IF NOT EXISTS workers (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     worker_id TEXT NOT NULL UNIQUE,
@@ -132,6 +149,8 @@ CREATE TABLE IF NOT EXISTS workers (
 );
 """
 
+# 1: rollout_rewards and rollout_agents (filled from the spans already stored when a store is upgraded).
+_SCHEMA_VERSION = 1
 _LIVE = "status IN ('preparing', 'running')"
 _SWEEP_INTERVAL_SECONDS = 0.005
 # Live attempts past their timeout or silence deadline; the partial index attempts_live keeps it cheap.
@@ -334,12 +353,32 @@ class SqliteStore(ValidatedStore):
         )
         if cursor.rowcount == 1:
             counts[key] += 1
+            self._index_span(candidate)
             return candidate
         row = self._conn.execute(
             "SELECT body, sequence_id FROM spans WHERE attempt_id = ? AND span_id = ?",
             (span.attempt_id, span.span_id),
         ).fetchone()
         return rules.stored_span(row[0], row[1], span)
+
+    def _index_span(self, span: Span) -> None:
+        """Keep ``rollout_rewards`` and ``rollout_agents`` up to date with a newly stored span."""
+        reward, agent = rules.span_facts(span)
+        if reward is None and agent is None:
+            return
+        (seq,) = self._conn.execute(
+            "SELECT seq FROM rollouts WHERE rollout_id = ?", (span.rollout_id,)
+        ).fetchone()
+        if reward is not None:
+            self._conn.execute(
+                "INSERT INTO rollout_rewards (seq, reward) VALUES (?, ?) "
+                "ON CONFLICT (seq) DO UPDATE SET reward = excluded.reward",
+                (seq, reward),
+            )
+        if agent is not None:
+            self._conn.execute(
+                "INSERT OR IGNORE INTO rollout_agents (agent_name, seq) VALUES (?, ?)", (agent, seq)
+            )
 
     async def _query_spans(
         self,
@@ -504,6 +543,23 @@ class SqliteStore(ValidatedStore):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 self._conn.execute(statement)
+        (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if version < _SCHEMA_VERSION:
+            self._index_stored_spans()
+            self._conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+
+    def _index_stored_spans(self) -> None:
+        """Fill ``rollout_rewards`` and ``rollout_agents`` from the spans a store written before
+        they existed holds (once, when such a store is first opened)."""
+        names = " OR ".join("instr(body, ?) > 0" for _ in semconv.AGENT_NAME_ATTRIBUTES)
+        rows = self._conn.execute(
+            f"SELECT body FROM spans WHERE name IN (?, ?) OR {names} "
+            "ORDER BY rollout_id, attempt_seq, sequence_id",
+            (semconv.SPAN_REWARD, semconv.SPAN_MODEL_CALL, *semconv.AGENT_NAME_ATTRIBUTES),
+        )
+        for (body,) in rows.fetchall():
+            for span in rules.read_spans([body]):
+                self._index_span(span)
 
     @contextmanager
     def _write(self) -> Iterator[None]:

@@ -21,7 +21,14 @@ from typing import Any, TypeGuard
 
 from fulgor.errors import ConfigError
 
-__all__ = ["read_metrics", "text_curve", "write_run_report"]
+__all__ = [
+    "RUN_INFO_FILE",
+    "read_metrics",
+    "read_run_info",
+    "text_curve",
+    "write_run_info",
+    "write_run_report",
+]
 
 # The columns of the step table, in order, when a run has them.
 _COLUMNS = (
@@ -53,6 +60,32 @@ _CURVES = (
     ("tool_call_rate", "tool-call rate (training)"),
     ("val_tool_call_rate", "tool-call rate (validation)"),
 )
+
+
+RUN_INFO_FILE = "run.json"
+
+
+def write_run_info(
+    run_dir: str | Path, *, algorithm: str, hyperparameters: Mapping[str, Any], model: str | None
+) -> None:
+    """Write ``run_dir/run.json``: the algorithm, its hyperparameters and the model the run starts
+    from (what the dashboard shows of a run, and where it finds the tokenizer for the token view)."""
+    info = {"algorithm": algorithm, "hyperparameters": dict(hyperparameters), "model": model}
+    path = Path(run_dir) / RUN_INFO_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(info, indent=2, default=str) + "\n")
+    partial.replace(path)
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    """``run_dir/run.json`` as written by :func:`write_run_info`; empty when there is none or it
+    does not read (a run written by an older version)."""
+    try:
+        info = json.loads((Path(run_dir) / RUN_INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

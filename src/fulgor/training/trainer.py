@@ -64,11 +64,11 @@ from fulgor.training.rollouts import (
     read_outcome,
     run_rollouts,
 )
-from fulgor.training.run_report import read_metrics
+from fulgor.training.run_report import read_metrics, write_run_info
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
-from fulgor.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest
+from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, RolloutRequest
 
 if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
@@ -249,6 +249,7 @@ class Trainer:
             seconds = log.elapsed_seconds()
             logger.info("%s already used its time budget (%.0fs); nothing to train", self.run_dir, seconds)
             return log.history
+        self._write_run_info(self._algorithm.name, self._algorithm.hyperparameters())
         with (
             start_tracking(self.trackers, self.run_dir, self._algorithm.hyperparameters()) as track,
             ProgressBar(start_step, self._algorithm.max_steps, enabled=self.progress) as progress,
@@ -316,6 +317,7 @@ class Trainer:
             )
             return log.history
         _, model_dir = self._starting_point(training=False)
+        self._write_run_info(search.name, search.hyperparameters())
         with (
             start_tracking(self.trackers, self.run_dir, search.hyperparameters()) as track,
             ProgressBar(start_step, search.max_steps, enabled=self.progress) as progress,
@@ -653,6 +655,10 @@ class Trainer:
             else:
                 updater.load_state_dict(state["updater"])
         return policy, updater
+
+    def _write_run_info(self, algorithm: str, hyperparameters: JsonDict) -> None:
+        model = None if self.engine is None else str(Path(self.engine.model).resolve())
+        write_run_info(self.run_dir, algorithm=algorithm, hyperparameters=hyperparameters, model=model)
 
     def _request(
         self, task: Any, mode: RolloutMode, resources_id: str, *, group_id: str | None = None, step: int = 0
