@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"gateway", "agent", "algorithms"},
     {"runner", "server"},
     {"training"},
+    {"dashboard"},
     {"fulgor"},
     {"cli"},
 ]

@@ -91,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
             gateway = build_gateway(args, store, token) if args.upstream else None
             dashboard = serve_dashboard(store, token)
             app = server.create_app(
-                server.ServerConfig(store=store, gateway=gateway, dashboard=dashboard, token=token)
+                server.ServerConfig(store=store, gateway=gateway, pages=dashboard, token=token)
             )
             sock = bind_socket(args.host, args.port)
         except BaseException:

@@ -88,6 +88,9 @@ class Dashboard:
             folders.append(run_dir / "checkpoints")
         return load_decoder(folders)
 
+    async def close(self) -> None:
+        await self.reader.close()
+
     def routes(self) -> list[Route]:
         pages = {
             "/": self._runs,
@@ -465,6 +468,6 @@ class DashboardApp:
                 if message["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
-                    await self.dashboard.reader.close()
+                    await self.dashboard.close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return

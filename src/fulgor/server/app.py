@@ -47,8 +47,8 @@ def create_app(config: ServerConfig) -> App:
     ]
     secured = config.token is not None
     routes.append(_spec_route(tuple(routes), secured=secured))
-    if config.dashboard is not None:
-        routes += config.dashboard.routes()
+    if config.pages is not None:
+        routes += config.pages.routes()
     mounts = [Mount(prefix, config.gateway) for prefix in GATEWAY_PREFIXES] if config.gateway else []
     router = Router(routes, mounts, token=config.token, max_body_bytes=config.max_body_bytes)
     return App(config, router, draining)
@@ -102,8 +102,8 @@ class App:
                     if gateway is not None:
                         await gateway.close()
                 finally:
-                    if self.config.dashboard is not None:
-                        await self.config.dashboard.reader.close()
+                    if self.config.pages is not None:
+                        await self.config.pages.close()
                     if self.config.close_store:
                         await self.config.store.close()
                 await send({"type": "lifespan.shutdown.complete"})

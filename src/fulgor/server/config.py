@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fulgor import limits
 from fulgor.store.base import Store
 
 if TYPE_CHECKING:
-    from fulgor.dashboard import Dashboard
     from fulgor.gateway import Gateway
+    from fulgor.server.routing import Route
 
-__all__ = ["ServerConfig"]
+__all__ = ["Pages", "ServerConfig"]
+
+
+class Pages(Protocol):
+    """Routes served beside the store's (each checks its own sign-in), and what to close after."""
+
+    def routes(self) -> list[Route]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -26,13 +34,13 @@ class ServerConfig:
     takes longer than ``body_timeout_seconds`` gets 408 and a closed connection (the mounted gateway
     answers in its own callers' shape, with its own limits); long-polls are held at most
     ``max_wait_seconds`` (clients ask again); the ``idempotency_entries`` most recent
-    ``Idempotency-Key`` answers are remembered. ``dashboard``: the pages served at ``/``
-    (:mod:`fulgor.dashboard`), behind the same token.
+    ``Idempotency-Key`` answers are remembered. ``pages``: more routes served beside the
+    store's, closed with the app (the dashboard, :mod:`fulgor.dashboard`).
     """
 
     store: Store
     gateway: Gateway | None = None
-    dashboard: Dashboard | None = None
+    pages: Pages | None = None
     token: str | None = field(default=None, repr=False)
     close_store: bool = True
     max_body_bytes: int = limits.MAX_BODY_BYTES

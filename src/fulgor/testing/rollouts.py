@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from fulgor import semconv
-from fulgor.store.base import Store
 from fulgor.types import ModelCall, Reward, RolloutRequest, Span
 
 __all__ = ["write_rollouts"]
 
 
 async def write_rollouts(
-    store: Store,
+    store: Any,
     count: int,
     *,
     calls: int = 3,
@@ -32,21 +31,27 @@ async def write_rollouts(
     agents: Sequence[str] = ("writer", "checker"),
     text: str = "",
     failed_every: int = 0,
+    missing_ids_every: int = 0,
     seed: int = 0,
+    first_index: int = 0,
     batch: int = 500,
     start_time: float = 1_800_000_000.0,
     resources_id: str | None = None,
 ) -> list[str]:
-    """Write ``count`` ended rollouts (see the module docstring); returns their ids in order.
+    """Write ``count`` ended rollouts into ``store`` (any :class:`~fulgor.store.base.Store`; see the
+    module docstring); returns their ids in order.
 
-    Each has ``calls + 5`` spans (root, one per call, a tool span, a reward span, one more). Every
-    ``failed_every``-th rollout (0: none) fails; the others succeed with a reward in [0, 1].
-    Rollout ``i`` belongs to step ``i // rollouts_per_step + 1`` and to a group of ``group_size``.
+    Each has ``calls + 4`` spans (root, one per call, a tool span, a reward span, one more). Every
+    ``failed_every``-th rollout (0: none) fails; the others succeed with a reward in [0, 1]. The
+    first call of every ``missing_ids_every``-th rollout (0: none) has no token ids, as a call through
+    an upstream that returns none.
+    Rollout ``i`` (counted from ``first_index``, so that later calls continue the same run) belongs
+    to step ``i // rollouts_per_step + 1`` and to a group of ``group_size``.
     """
     rng = random.Random(seed)
     ids: list[str] = []
-    for first in range(0, count, batch):
-        size = min(batch, count - first)
+    for first in range(first_index, first_index + count, batch):
+        size = min(batch, first_index + count - first)
         requests = []
         for i in range(first, first + size):
             step = i // rollouts_per_step + 1
@@ -73,6 +78,7 @@ async def write_rollouts(
                 text,
                 rng,
                 start_time,
+                missing_ids_every > 0 and index % missing_ids_every == missing_ids_every - 1,
             )
         await store.add_spans(spans)
         for offset, attempted in enumerate(claimed):
@@ -97,6 +103,7 @@ def _spans(
     text: str,
     rng: random.Random,
     start_time: float,
+    missing_ids: bool,
 ) -> list[Span]:
     trace = uuid.uuid4().hex
     t0 = start_time + index * 2.0
@@ -143,12 +150,14 @@ def _spans(
                     }
                 ],
             }
+        no_ids = missing_ids and call_index == 0
         record = ModelCall(
             request={"messages": list(messages), "temperature": 1.0},
             response={"message": message, "finish_reason": "stop" if last else "tool_calls"},
-            prompt_token_ids=list(row),
-            response_token_ids=response,
-            response_logprobs=logprobs,
+            prompt_token_ids=None if no_ids else list(row),
+            response_token_ids=None if no_ids else response,
+            response_logprobs=None if no_ids else logprobs,
+            token_ids_missing=no_ids,
             model_version=index // 64,
             latency_seconds=0.05,
             agent_name=agent,

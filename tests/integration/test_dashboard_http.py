@@ -1,0 +1,223 @@
+"""The dashboard over HTTP: ``fulgor dashboard RUN_DIR`` (read-only) and ``fulgor serve`` at ``/``,
+sign-in behind a token, every untrusted string escaped, bad input answered with what to do."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import html
+import operator
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.dashboard_support import make_run, missing_ids_in_step
+
+CLI = (sys.executable, "-m", "fulgor.cli.main")
+ROLLOUTS = 60
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dashboard") / "run"
+    make_run(path, rollouts=ROLLOUTS)
+    return path
+
+
+def start(*args: str) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    if not url:
+        process.wait(10)
+        raise AssertionError(process.stderr.read() if process.stderr else "no URL printed")
+    return process, url
+
+
+@pytest.fixture(scope="module")
+def dashboard(run_dir: Path) -> Iterator[str]:
+    process, url = start("dashboard", str(run_dir), "--port", "0")
+    try:
+        yield url
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()
+    }
+
+
+def rollout_ids(page: str) -> list[str]:
+    return [html.unescape(m) for m in re.findall(r'class="rollout-link" href="/rollouts/([^"]+)"', page)]
+
+
+def test_every_page_answers_and_escapes_what_the_run_recorded(dashboard: str, run_dir: Path) -> None:
+    first = httpx.get(f"{dashboard}/rollouts?per_page=1").text
+    (newest,) = rollout_ids(first)
+    pages = [
+        "/",
+        "/rollouts",
+        f"/rollouts/{newest}",
+        "/resources",
+        "/workers",
+        "/rollouts?step=2&problem=calls_missing_ids",
+    ]
+    oldest = rollout_ids(httpx.get(f"{dashboard}/rollouts?sort=oldest&per_page=1").text)[0]
+    pages.append(f"/rollouts/{oldest}")
+    for page in pages:
+        response = httpx.get(dashboard + page)
+        assert response.status_code == 200, page
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        body = response.text
+        for markup in ("<script>window", "<img src=x", "<b>bold"):
+            assert markup not in body, page
+    # The markup is shown, as text, where it was recorded: the task, outputs, tool results, feedback.
+    one = httpx.get(f"{dashboard}/rollouts/{oldest}").text
+    assert one.count("&lt;script&gt;window.__xss=1&lt;/script&gt;&lt;img src=x onerror=") >= 6
+    for static in ("/static/dashboard.css", "/static/dashboard.js"):
+        assert httpx.get(dashboard + static).status_code == 200
+    assert httpx.get(f"{dashboard}/static/../store.sqlite").status_code == 404
+
+
+def test_the_rollouts_page_filters_sorts_and_pages_on_the_server(dashboard: str) -> None:
+    everything = httpx.get(f"{dashboard}/rollouts?per_page=500").text
+    assert len(rollout_ids(everything)) == ROLLOUTS + 1
+    assert f"{ROLLOUTS + 1} rollouts" in everything
+    pages = [rollout_ids(httpx.get(f"{dashboard}/rollouts?per_page=25&page={n}").text) for n in (1, 2, 3)]
+    assert [len(p) for p in pages] == [25, 25, ROLLOUTS + 1 - 50]
+    assert functools.reduce(operator.iadd, pages, []) == rollout_ids(everything)
+    failed = httpx.get(f"{dashboard}/rollouts?status=failed&per_page=500").text
+    assert len(rollout_ids(failed)) == len([i for i in range(ROLLOUTS) if i % 9 == 8])
+    several = httpx.get(f"{dashboard}/rollouts?status=failed&status=preparing&per_page=500").text
+    assert len(rollout_ids(several)) == len(rollout_ids(failed)) + 1
+    rewards = re.findall(
+        r'<td class="num">([0-9.]+)</td>',
+        httpx.get(f"{dashboard}/rollouts?sort=reward_desc&reward_min=0.5").text,
+    )
+    values = [float(v) for v in rewards if "." in v]
+    assert values
+    assert values == sorted(values, reverse=True)
+    assert min(values) >= 0.5
+
+
+def test_a_drift_count_links_to_the_rollouts_behind_it(dashboard: str) -> None:
+    runs = httpx.get(dashboard).text
+    link = re.search(r'href="(/rollouts\?step=2&amp;problem=calls_missing_ids)"', runs)
+    assert link is not None, "the runs page links step 2's calls_missing_ids count"
+    behind = httpx.get(dashboard + html.unescape(link.group(1))).text
+    ids = rollout_ids(behind)
+    assert len(ids) == len(missing_ids_in_step(2, ROLLOUTS)) >= 1
+    page = httpx.get(f"{dashboard}/rollouts/{ids[0]}").text
+    assert "token ids missing" in page
+    assert "the engine&#39;s token ids are missing" in page
+    stats = re.search(r'href="(/rollouts\?status=failed)"', runs)
+    assert stats is not None, "the store's counts link to their rollouts"
+
+
+def test_bad_input_is_answered_with_what_to_do(dashboard: str) -> None:
+    (some,) = rollout_ids(httpx.get(f"{dashboard}/rollouts?per_page=1&status=succeeded").text)
+    cases = {
+        "/rollouts?reward_min=lots": (400, "reward_min must be a number"),
+        "/rollouts?status=finished": (400, "status must be one of"),
+        "/rollouts?sort=sideways": (400, "sort must be one of"),
+        "/rollouts?per_page=100000": (400, "limit must be between"),
+        "/rollouts?problem=calls_missing_ids": (400, "needs a step"),
+        "/rollouts/ro-nothing": (404, "not found"),
+        f"/rollouts/{some}?attempt=x": (400, "attempt must be a whole number"),
+        f"/rollouts/{some}?attempt=7": (404, "has no attempt 7"),
+    }
+    for page, (status, message) in cases.items():
+        response = httpx.get(dashboard + page)
+        assert (response.status_code, message in html.unescape(response.text)) == (status, True), page
+    assert httpx.post(f"{dashboard}/rollouts").status_code == 405
+    assert httpx.get(f"{dashboard}/healthz").json()["status"] == "ok"
+
+
+def test_fulgor_dashboard_reads_without_writing(run_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for path in run_dir.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    before = digest(copy)
+    process, url = start("dashboard", str(copy), "--port", "0")
+    try:
+        for page in ("/", "/rollouts", "/workers", "/resources"):
+            assert httpx.get(url + page).status_code == 200
+        assert "read-only" in httpx.get(url).text
+        assert httpx.get(f"{url}/api/v1/stats").status_code == 404  # no store API here
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
+    assert digest(copy) == before
+
+
+def test_fulgor_dashboard_names_what_to_pass(tmp_path: Path, run_dir: Path) -> None:
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "store.sqlite").write_bytes((run_dir / "store.sqlite").read_bytes())
+    result = subprocess.run(
+        [*CLI, "dashboard", str(tmp_path / "runs"), "--port", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "holds no store.sqlite" in result.stderr
+    assert str(tmp_path / "runs" / "a") in result.stderr
+    refused = subprocess.run(
+        [*CLI, "dashboard", str(run_dir), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert refused.returncode == 2
+    assert "without a token" in refused.stderr
+
+
+def test_fulgor_serve_serves_the_dashboard_behind_its_token(run_dir: Path, tmp_path: Path) -> None:
+    store = tmp_path / "serve" / "store.sqlite"
+    store.parent.mkdir()
+    store.write_bytes((run_dir / "store.sqlite").read_bytes())
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    process, url = start(
+        "serve", "--port", "0", "--store", f"sqlite:///{store}", "--token-file", str(token_file)
+    )
+    try:
+        with httpx.Client(base_url=url) as anonymous:
+            refused = anonymous.get("/rollouts?status=failed")
+            assert refused.status_code == 303
+            assert refused.headers["location"] == "/login?next=%2Frollouts%3Fstatus%3Dfailed"
+            assert anonymous.get("/login").status_code == 200
+            wrong = anonymous.post("/login", data={"token": "guess", "next": "/rollouts"})
+            assert wrong.status_code == 403
+            assert "That token is wrong" in wrong.text
+            assert "fulgor_token" not in wrong.headers.get("set-cookie", "")
+            elsewhere = anonymous.post("/login", data={"token": "s3cret-token", "next": "//evil.example/x"})
+            assert elsewhere.headers["location"] == "/"  # never sent to another site
+        with httpx.Client(base_url=url) as browser:
+            signed = browser.post("/login", data={"token": "s3cret-token", "next": "/rollouts?status=failed"})
+            assert signed.status_code == 303
+            assert signed.headers["location"] == "/rollouts?status=failed"
+            cookie = signed.headers["set-cookie"]
+            assert "HttpOnly" in cookie
+            assert "SameSite=Strict" in cookie
+            page = browser.get("/rollouts?status=failed")
+            assert page.status_code == 200
+            assert "rollout-link" in page.text
+            assert browser.get("/logout").status_code == 303
+        bearer = httpx.get(f"{url}/workers", headers={"Authorization": "Bearer s3cret-token"})
+        assert bearer.status_code == 200
+        assert (
+            httpx.get(f"{url}/api/v1/stats", headers={"Authorization": "Bearer s3cret-token"}).status_code
+            == 200
+        )
+        assert httpx.get(f"{url}/api/v1/stats", cookies={"fulgor_token": "s3cret-token"}).status_code == 401
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
