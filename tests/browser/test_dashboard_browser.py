@@ -52,9 +52,12 @@ def in_thread(function: Callable[[], T]) -> T:
 
 
 def chromium() -> str:
-    path = (
-        os.environ.get("FULGOR_TEST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    )
+    named = os.environ.get("FULGOR_TEST_CHROMIUM")
+    if named:
+        if not Path(named).is_file():
+            pytest.fail(f"FULGOR_TEST_CHROMIUM={named} does not exist")
+        return named
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         message = (
             "no Chromium: apt-get install -y chromium (.ci/run installs it), or set FULGOR_TEST_CHROMIUM"
