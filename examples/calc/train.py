@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         print(f"  {label:<24} {path}")
     print(f"\n  look inside: .venv/bin/fulgor store rollouts --store sqlite:///{grpo_dir / 'store.sqlite'}")
+    print(f"  every rollout, model call and token in a browser: .venv/bin/fulgor dashboard {grpo_dir}")
     return 0
 
 

@@ -6,9 +6,12 @@ slow one runs the demo as ``make demo`` does and checks that the model learned t
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("torch")
@@ -16,7 +19,10 @@ pytest.importorskip("openai")
 
 from examples.calc.train import main, run_demo
 from examples.calc.warm_start import WarmStartConfig
-from fulgor.adapters import DriftReport
+from fulgor.adapters import DriftReport, model_calls
+from fulgor.dashboard import Dashboard, RolloutQuery, SqliteReader
+from fulgor.dashboard.app import DashboardApp
+from fulgor.net.asgi import ServerThread
 from fulgor.training.run_report import read_metrics
 
 PROBLEMS = (*DriftReport.LOSSES, "merge_breaks")
@@ -48,6 +54,45 @@ def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:
         assert evaluation["val_rollouts_failed"] == 0
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["test_after"] == result.test_after
+    check_dashboard(run_dir / "grpo")
+
+
+def check_dashboard(grpo_dir: Path) -> None:
+    """The dashboard over the demo's real run: the run's algorithm, its steps, and a trained call's
+    tokens with their text from the run's own tokenizer, the ids as the store holds them."""
+    info = json.loads((grpo_dir / "run.json").read_text())
+    assert info["algorithm"] == "grpo"
+    assert Path(info["model"]).is_dir()
+
+    async def first_train_rollout() -> tuple[str, list[int]]:
+        reader = SqliteReader(grpo_dir / "store.sqlite")
+        try:
+            page = await reader.rollouts(
+                RolloutQuery(mode="train", status=("succeeded",), sort="oldest", limit=1)
+            )
+            rollout_id = page.rows[0].rollout.rollout_id
+            spans = await reader.query_spans(rollout_id)
+        finally:
+            await reader.close()
+        (_, call), *_ = model_calls(spans)
+        return rollout_id, [*(call.prompt_token_ids or []), *(call.response_token_ids or [])]
+
+    rollout_id, ids = asyncio.run(first_train_rollout())
+    server = ServerThread(
+        DashboardApp(Dashboard(SqliteReader(grpo_dir / "store.sqlite"), run_dirs=[grpo_dir]))
+    )
+    url = server.start()
+    try:
+        runs = httpx.get(url).text
+        assert "grpo" in runs
+        assert "training reward" in runs
+        page = httpx.get(f"{url}/rollouts/{rollout_id}").text
+    finally:
+        server.stop()
+    assert "Token text from" in page  # the run's tokenizer was found
+    section = page.split('id="call-0"', 1)[1].split("</section>", 1)[0]
+    assert [int(i) for i in re.findall(r'data-id="(\d+)"', section)] == ids
+    assert "trained; starts row 1" in section
 
 
 @pytest.mark.slow
@@ -80,3 +125,4 @@ def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
         assert (run_dir / "grpo" / name).is_file()
     assert str(run_dir / "grpo" / "report.html") in out
     assert "held-out test accuracy" in out
+    assert out.rstrip().endswith(f".venv/bin/fulgor dashboard {run_dir / 'grpo'}")
