@@ -12,7 +12,7 @@ from pathlib import Path
 from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.rollouts import write_rollouts
 from fulgor.training.run_report import write_run_info
-from fulgor.types import PromptTemplate, RolloutRequest
+from fulgor.types import PromptTemplate, RolloutConfig, RolloutRequest, Span
 
 # Runs a script if it is ever parsed as markup: the tag, an event handler and a closed attribute.
 MARKUP = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"\'><b>bold</b>'
@@ -51,6 +51,7 @@ async def _make_run(run_dir: Path, rollouts: int) -> list[str]:
             missing_ids_every=MISSING_IDS_EVERY,
             resources_id=first.resources_id,
         )
+        retried = await _retried_rollout(store)
         (live,) = await store.enqueue([RolloutRequest(input={"question": MARKUP}, metadata={"step": 99})])
         await store.claim(f"worker-{MARKUP}")
         await store.heartbeat(f"worker-{MARKUP}", stats={"note": MARKUP})
@@ -73,4 +74,25 @@ async def _make_run(run_dir: Path, rollouts: int) -> list[str]:
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     write_run_info(run_dir, algorithm="grpo", hyperparameters={"group_size": 4, "note": MARKUP}, model=None)
-    return [*ids, live.rollout_id]
+    return [*ids, retried, live.rollout_id]
+
+
+async def _retried_rollout(store: SqliteStore) -> str:
+    """A rollout whose first attempt failed (one span, "first try") and whose second succeeded."""
+    config = RolloutConfig(max_attempts=2, retry_on=("failed",))
+    (rollout,) = await store.enqueue([RolloutRequest(input={"question": "retried"}, config=config)])
+    for number, status in ((1, "failed"), (2, "succeeded")):
+        (claimed,) = await store.claim("retry-worker")
+        span = Span(
+            rollout_id=rollout.rollout_id,
+            attempt_id=claimed.attempt.attempt_id,
+            trace_id=f"trace-{number}",
+            span_id=f"span-{number}",
+            name="first try" if number == 1 else "second try",
+            start_time=1.0,
+            end_time=2.0,
+        )
+        await store.add_spans([span])
+        error = "the tool timed out" if status == "failed" else None
+        await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status=status, error=error)
+    return rollout.rollout_id

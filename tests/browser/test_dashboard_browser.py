@@ -140,7 +140,7 @@ def test_every_page_loads_without_errors_and_runs_nothing_recorded(
     _, url = run
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     watched = Watched(browser)
-    (newest,) = newest_rollouts(watched, url, per_page="1", status="succeeded")
+    (newest,) = newest_rollouts(watched, url, per_page="1", status="succeeded", agent="checker")
     pages = {
         "runs": "/",
         "rollouts": "/rollouts",
@@ -183,7 +183,7 @@ def test_filters_and_pagination_work_from_the_page(browser: Any, run: tuple[Path
     assert not set(first) & set(second)
     page.click("#next-page")
     page.wait_for_load_state("load")
-    assert page.locator("a.rollout-link").count() == 121 - 100
+    assert page.locator("a.rollout-link").count() == 122 - 100
     assert page.locator("#next-page").count() == 0
     page.fill("input[name=reward_min]", "0.8")
     page.select_option("select[name=status]", [])
@@ -200,7 +200,7 @@ def test_filters_and_pagination_work_from_the_page(browser: Any, run: tuple[Path
 def test_the_token_view_shows_the_ids_the_store_holds(browser: Any, run: tuple[Path, str]) -> None:
     run_dir, url = run
     watched = Watched(browser)
-    (rollout_id,) = newest_rollouts(watched, url, per_page="1", status="succeeded")
+    (rollout_id,) = newest_rollouts(watched, url, per_page="1", status="succeeded", agent="checker")
     page = watched.open(f"{url}/rollouts/{rollout_id}")
 
     async def stored() -> list[ModelCall]:

@@ -22,10 +22,14 @@ ROLLOUTS = 60
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     path = tmp_path_factory.mktemp("dashboard") / "run"
-    make_run(path, rollouts=ROLLOUTS)
-    return path
+    return path, make_run(path, rollouts=ROLLOUTS)
+
+
+@pytest.fixture(scope="module")
+def run_dir(made: tuple[Path, list[str]]) -> Path:
+    return made[0]
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
@@ -88,10 +92,10 @@ def test_every_page_answers_and_escapes_what_the_run_recorded(dashboard: str, ru
 
 def test_the_rollouts_page_filters_sorts_and_pages_on_the_server(dashboard: str) -> None:
     everything = httpx.get(f"{dashboard}/rollouts?per_page=500").text
-    assert len(rollout_ids(everything)) == ROLLOUTS + 1
-    assert f"{ROLLOUTS + 1} rollouts" in everything
+    assert len(rollout_ids(everything)) == ROLLOUTS + 2
+    assert f"{ROLLOUTS + 2} rollouts" in everything
     pages = [rollout_ids(httpx.get(f"{dashboard}/rollouts?per_page=25&page={n}").text) for n in (1, 2, 3)]
-    assert [len(p) for p in pages] == [25, 25, ROLLOUTS + 1 - 50]
+    assert [len(p) for p in pages] == [25, 25, ROLLOUTS + 2 - 50]
     assert functools.reduce(operator.iadd, pages, []) == rollout_ids(everything)
     failed = httpx.get(f"{dashboard}/rollouts?status=failed&per_page=500").text
     assert len(rollout_ids(failed)) == len([i for i in range(ROLLOUTS) if i % 9 == 8])
@@ -119,6 +123,29 @@ def test_a_drift_count_links_to_the_rollouts_behind_it(dashboard: str) -> None:
     assert "the engine&#39;s token ids are missing" in page
     stats = re.search(r'href="(/rollouts\?status=failed)"', runs)
     assert stats is not None, "the store's counts link to their rollouts"
+
+
+def test_a_rollout_shows_any_of_its_attempts(dashboard: str, made: tuple[Path, list[str]]) -> None:
+    retried = made[1][-2]
+    latest = httpx.get(f"{dashboard}/rollouts/{retried}").text
+    assert "second try" in latest
+    assert "first try" not in latest
+    assert "the tool timed out" in latest  # the first attempt's error, in the attempts table
+    first = httpx.get(f"{dashboard}/rollouts/{retried}?attempt=1").text
+    assert "first try" in first
+    assert "second try" not in first
+    assert "only the latest attempt is trained on" in first
+
+
+def test_the_workers_page_lists_heartbeats_and_current_rollouts(
+    dashboard: str, made: tuple[Path, list[str]]
+) -> None:
+    page = httpx.get(f"{dashboard}/workers").text
+    live = made[1][-1]
+    assert f'href="/rollouts/{live}"' in page
+    assert "synthetic-worker" in page
+    assert "retry-worker" in page
+    assert "&lt;script&gt;window.__xss=1" in page  # the worker's id and stats, as text
 
 
 def test_bad_input_is_answered_with_what_to_do(dashboard: str) -> None:
@@ -221,3 +248,29 @@ def test_fulgor_serve_serves_the_dashboard_behind_its_token(run_dir: Path, tmp_p
     finally:
         process.terminate()
         assert process.wait(30) == 0
+
+
+def test_fulgor_serve_shows_a_memory_store_and_says_when_it_scans(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from fulgor.dashboard import Dashboard, StoreReader, reader
+    from fulgor.server import BackgroundServer, ServerConfig, create_app
+    from fulgor.store.memory import MemoryStore
+    from fulgor.testing.rollouts import write_rollouts
+
+    store = MemoryStore()
+    asyncio.run(write_rollouts(store, 30))
+    monkeypatch.setattr(reader, "SCAN_LIMIT", 20)
+    server = BackgroundServer(create_app(ServerConfig(store=store, pages=Dashboard(StoreReader(store)))))
+    url = server.start()
+    try:
+        assert httpx.get(url).status_code == 200
+        plain = httpx.get(f"{url}/rollouts?status=succeeded").text
+        assert "30 rollouts" in plain
+        assert "filters applied to the newest" not in plain
+        scanned = httpx.get(f"{url}/rollouts?agent=writer").text
+        assert "10 rollouts" in scanned
+        assert "filters applied to the newest 20 only" in scanned
+        assert httpx.get(f"{url}/api/v1/stats").status_code == 200  # the store API beside it
+    finally:
+        server.stop()

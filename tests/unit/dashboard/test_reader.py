@@ -73,6 +73,10 @@ async def test_filters_select_what_they_name(stores: tuple[SqliteReader, StoreRe
     assert rewards == sorted(rewards, reverse=True)
     assert rewards
     assert all(reward is not None and reward >= 0.5 for reward in rewards)
+    longest = await sqlite.rollouts(RolloutQuery(sort="duration_desc", limit=500))
+    durations = [r.rollout.end_time - r.rollout.start_time for r in longest.rows]  # type: ignore[operator]
+    assert len(durations) == 60
+    assert durations == sorted(durations, reverse=True)
     page_two = await sqlite.rollouts(RolloutQuery(limit=25, offset=25))
     assert [r.rollout.input["index"] for r in page_two.rows] == list(range(34, 9, -1))
     assert await sqlite.agents() == ["checker", "writer"]
@@ -153,3 +157,18 @@ async def test_workers_list_their_live_attempts(tmp_path: Path) -> None:
     by_name = {worker.worker_id: [a.rollout_id for a in live] for worker, live in workers}
     assert by_name == {"synthetic-worker": [], "worker-b": [rollout.rollout_id]}
     assert claimed.rollout_id == rollout.rollout_id
+
+
+async def test_a_reader_that_scans_says_how_far_it_read(
+    stores: tuple[SqliteReader, StoreReader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fulgor.dashboard import reader
+
+    _, generic = stores
+    monkeypatch.setattr(reader, "SCAN_LIMIT", 10)
+    scanned = await generic.rollouts(RolloutQuery(agent="writer"))
+    assert scanned.scanned == 10
+    assert [r.rollout.input["index"] for r in scanned.rows] == [58, 56, 54, 52, 50]  # of the newest 10
+    plain = await generic.rollouts(RolloutQuery(status=("succeeded",)))
+    assert plain.scanned is None  # the store filters by status itself
+    assert plain.total == len([i for i in range(60) if i % 7 != 6])
