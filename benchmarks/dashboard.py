@@ -104,8 +104,11 @@ def main() -> None:
             marker = 'class="rollout-link" href="/rollouts/'
             rollout_id = first.split(marker, 1)[1].split('"', 1)[0]
             last_page = args.rollouts // 50
-            # A step in the middle with a call that has no token ids (every 50th rollout's first).
-            missing = (args.rollouts // 2) // 50 * 50 + 49
+            # A step in the middle with a call that has no token ids (the first call of every 50th
+            # rollout) in a rollout that succeeded (every 13th fails).
+            missing = next(
+                i for i in range(args.rollouts // 2, args.rollouts) if i % 50 == 49 and i % 13 != 12
+            )
             drift_step = missing // 16 + 1
             pages = {
                 "rollouts, newest first": "/rollouts",

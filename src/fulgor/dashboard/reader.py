@@ -170,7 +170,8 @@ class SqliteReader:
             self._conn.close()
             raise ConfigError(
                 f"the store {self.path} was written by an older fulgor: open it once with this version "
-                "(fulgor store stats --store sqlite:///PATH) to index its rewards and agents, then retry"
+                f"(fulgor store stats --store sqlite:///{self.path}) to index its rewards and agents, "
+                "then retry"
             )
         self._lock = threading.Lock()
 
