@@ -203,8 +203,7 @@ class Dashboard:
             "pages": _pagination(page),
             "live": query.offset == 0 and query.sort == "newest",
         }
-        template = "rollout_rows.html" if args.get("fragment") == "rows" else "rollouts.html"
-        return self._html(template, context)
+        return self._html("rollouts.html", context)
 
     async def _query(self, args: dict[str, Any]) -> tuple[RolloutQuery, str | None]:
         """The rollouts page's query from its URL; ``problem`` (a drift counter, with ``step``) names
@@ -442,7 +441,7 @@ def _number(value: Any, digits: int = 3) -> str:
 def _query_string(args: dict[str, Any], **changes: Any) -> str:
     """The rollouts page's query string with ``changes`` applied (None removes a parameter)."""
     pairs: list[tuple[str, str]] = [("status", s) for s in args.get("status_list", [])]
-    merged = {k: v for k, v in args.items() if k not in ("status_list", "fragment")}
+    merged = {k: v for k, v in args.items() if k != "status_list"}
     merged.update(changes)
     pairs += [(k, str(v)) for k, v in merged.items() if v not in (None, "")]
     return urlencode(pairs)

@@ -7,8 +7,8 @@ offers uses an index (the store keeps each rollout's latest reward and the agent
 ``rollout_rewards`` and ``rollout_agents``), and a page is one indexed query plus a count. A
 :class:`StoreReader` reads any other store through the Store protocol (memory, PostgreSQL, a
 fulgor server): status, mode and group filters go to the store; the others (reward, agent, step,
-resources, attempt status) read the newest :data:`SCAN_LIMIT` rollouts that match the first ones and
-say so on the page.
+resources, attempt status), the sorts by reward or duration, and the count of a mode or group
+filter read the newest :data:`SCAN_LIMIT` rollouts that match the first ones, and say so on the page.
 
 What it does not know: pages and HTML (:mod:`fulgor.dashboard.pages`).
 """
@@ -348,9 +348,15 @@ class StoreReader:
             rollouts = await self.store.query_rollouts(
                 **common, limit=query.limit, offset=query.offset, order=order
             )
-            total = len(await self.store.query_rollouts(**common))
             rows = [RolloutRow(r, await self._reward(r)) for r in rollouts]
-            return Page(rows, total, query)
+            if query.mode is None and query.group_id is None:  # the store counts per status itself
+                counts = (await self.store.stats()).rollouts
+                total = sum(n for status, n in counts.items() if not query.status or status in query.status)
+                return Page(rows, total, query)
+            # Counted up to SCAN_LIMIT, so that a page never reads a whole large store.
+            matching = len(await self.store.query_rollouts(**common, limit=SCAN_LIMIT))
+            scanned = SCAN_LIMIT if matching == SCAN_LIMIT else None
+            return Page(rows, matching, query, scanned)
         candidates = await self.store.query_rollouts(**common, limit=SCAN_LIMIT, order=order)
         rows = []
         for rollout in candidates:
