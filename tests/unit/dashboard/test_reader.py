@@ -170,5 +170,7 @@ async def test_a_reader_that_scans_says_how_far_it_read(
     assert scanned.scanned == 10
     assert [r.rollout.input["index"] for r in scanned.rows] == [58, 56, 54, 52, 50]  # of the newest 10
     plain = await generic.rollouts(RolloutQuery(status=("succeeded",)))
-    assert plain.scanned is None  # the store filters by status itself
+    assert plain.scanned is None  # the store filters by status itself, and counts from stats()
     assert plain.total == len([i for i in range(60) if i % 7 != 6])
+    by_mode = await generic.rollouts(RolloutQuery(mode="train", limit=5))
+    assert (len(by_mode.rows), by_mode.total, by_mode.scanned) == (5, 10, 10)  # counted up to the limit
