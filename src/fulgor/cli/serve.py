@@ -13,12 +13,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fulgor.cli._options import port_number
 from fulgor.cli.gateway import add_upstream_arguments, build_gateway, close_store
 from fulgor.errors import ConfigError, FulgorError
 from fulgor.store.client import TOKEN_ENV
+
+if TYPE_CHECKING:
+    from fulgor.dashboard import Dashboard
+    from fulgor.store.base import Store
 
 DEFAULT_STORE = "sqlite:///runs/default/store.sqlite"
 NO_OPERATOR_KEY = (
@@ -63,7 +67,7 @@ def resolve_token(token_file: Path | None) -> str | None:
     return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
-def serve_dashboard(store: Any, token: str | None) -> Any:
+def serve_dashboard(store: Store, token: str | None) -> Dashboard:
     """The dashboard over ``store``; a SQLite store's folder is its run folder (metrics, run.json)."""
     from fulgor.dashboard import Dashboard, open_reader
     from fulgor.store.sqlite import SqliteStore
