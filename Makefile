@@ -25,7 +25,18 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(VENV)/bin/mypy
 
-unit: $(VENV)/.installed-test
+# Frameworks whose pins clash with the test environment's packages (AutoGen's protobuf, CrewAI's
+# openai and pydantic) run the framework matrix's agents from virtual environments of their own.
+FRAMEWORKS := autogen crewai
+FRAMEWORK_VENVS := $(foreach name,$(FRAMEWORKS),.frameworks/$(name)/.installed)
+
+.frameworks/%/.installed: tests/integration/frameworks/requirements-%.txt
+	rm -rf .frameworks/$*
+	$(PYTHON) -m venv .frameworks/$*
+	.frameworks/$*/bin/python -m pip --disable-pip-version-check -q install -r $<
+	touch $@
+
+unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS)
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 test: lint typecheck unit
@@ -51,4 +62,4 @@ demo-sql: $(VENV)/.installed-demo
 	$(PY) -m examples.sql.train $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .frameworks .pytest_cache .mypy_cache .ruff_cache
