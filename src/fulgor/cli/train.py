@@ -754,3 +754,4 @@ def _print_where(run_dir: Path, labels: Sequence[str]) -> None:
         if path.exists():
             print(f"  {label:<24} {path}")
     print(f"  look inside: fulgor store rollouts --store sqlite:///{run_dir / 'store.sqlite'}")
+    print(f"  in a browser (every rollout, model call and token): fulgor dashboard {run_dir}")

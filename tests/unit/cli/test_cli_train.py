@@ -472,6 +472,7 @@ def test_dev_runs_the_agent_once_per_task_and_reports_each_rollout(tmp_path: Pat
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert "1 of 4 rollouts did not succeed" in error
     assert f"sqlite:///{Path('run') / 'store.sqlite'}" in result.stdout
+    assert f"fulgor dashboard {Path('run')}" in result.stdout
     assert (tmp_path / "run" / "store.sqlite").is_file()
     assert not (tmp_path / "run" / "checkpoints").exists()  # no training
 
