@@ -272,6 +272,7 @@ class Dashboard:
             agent_match=self._run_setting("agent_match"),
             rollout_problem=problem,
             decode=decoder.decode if decoder is not None else None,
+            max_tokens=self._run_setting("max_trajectory_tokens"),
         )
         return self._html(
             "rollout.html",

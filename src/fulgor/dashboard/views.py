@@ -106,7 +106,8 @@ class TokenView:
     text: str | None
     part: str
     """``seen`` (an earlier call of the row holds it), ``context`` (mask 0) or ``sampled`` (mask 1);
-    ``untrained`` for every token of a call that is not trained on."""
+    ``truncated`` past the run's ``max_trajectory_tokens``; ``untrained`` for every token of a call
+    that is not trained on."""
     logprob: float | None = None
 
     @property
@@ -155,11 +156,13 @@ def call_views(
     agent_match: str | None,
     rollout_problem: str | None,
     decode: Callable[[int], str] | None,
+    max_tokens: int | None = None,
 ) -> list[CallView]:
     """Every model call of ``spans`` (one attempt's), in store order; see the module docstring.
 
     ``rollout_problem`` is why the whole rollout is not trained on, when it is not (its status, a
-    missing reward, lost spans): then no call is, whatever its own tokens.
+    missing reward, lost spans): then no call is, whatever its own tokens. ``max_tokens`` is the
+    run's ``max_trajectory_tokens``: the tokens of a row past it are cut off (``truncated``).
     """
     pattern = re.compile(agent_match) if agent_match else None
     views: list[CallView] = []
@@ -199,13 +202,25 @@ def call_views(
                 else ""
             )
         )
+        # A call's prompt is its row so far plus its new context, so a token's place in the row is
+        # its place in prompt + response.
+        limit = len(prompt_ids) + len(response_ids) if max_tokens is None else max_tokens
         view.prompt = [
-            TokenView(i, _text(decode, i), "seen" if n < seen else "context")
+            TokenView(i, _text(decode, i), "truncated" if n >= limit else "seen" if n < seen else "context")
             for n, i in enumerate(prompt_ids)
         ]
         view.response = [
-            TokenView(i, _text(decode, i), "sampled", logprobs[n]) for n, i in enumerate(response_ids)
+            TokenView(
+                i, _text(decode, i), "truncated" if len(prompt_ids) + n >= limit else "sampled", logprobs[n]
+            )
+            for n, i in enumerate(response_ids)
         ]
+        cut = sum(t.part == "truncated" for t in view.response)
+        if cut == len(response_ids):
+            view.trained = False
+            view.reason = f"cut off: its row passes max_trajectory_tokens ({max_tokens}) before its response"
+        elif cut:
+            view.reason += f"; its last {cut} sampled tokens cut off by max_trajectory_tokens ({max_tokens})"
         views.append(view)
     return views
 

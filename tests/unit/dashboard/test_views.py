@@ -80,6 +80,25 @@ def test_a_merged_call_marks_the_row_so_far_and_its_new_context() -> None:
     assert "logprob -0.5000" in second.response[0].title
 
 
+def test_tokens_past_max_trajectory_tokens_are_cut_off_as_training_cuts_them() -> None:
+    spans = [call("a", 1, [1, 2], [3, 4]), call("b", 2, [1, 2, 3, 4, 9], [5, 6]), call("c", 3, [7] * 6, [8])]
+    first, second, third = call_views(
+        spans, agent_match=None, rollout_problem=None, decode=None, max_tokens=6
+    )
+    assert first.trained
+    assert [t.part for t in first.response] == ["sampled", "sampled"]
+    assert [t.part for t in second.response] == ["sampled", "truncated"]  # place 6 of its row is cut off
+    assert second.trained
+    assert "last 1 sampled tokens cut off" in second.reason
+    assert not third.trained
+    assert "cut off" in third.reason
+    rollout = Rollout(rollout_id="ro-1", input=None, enqueue_time=0.0)
+    trajectory, report = build_trajectory(rollout, spans, reward=1.0, max_tokens=6)
+    assert trajectory is not None
+    assert [len(row.token_ids) for row in trajectory.rows] == [6]  # the same cut
+    assert (report.truncated_rows, report.dropped_rows) == (2, 1)
+
+
 def test_calls_left_out_say_why_and_mark_every_token() -> None:
     spans = [
         call("a", 1, None, None, token_ids_missing=True),
