@@ -274,3 +274,30 @@ def test_fulgor_serve_shows_a_memory_store_and_says_when_it_scans(monkeypatch: p
         assert httpx.get(f"{url}/api/v1/stats").status_code == 200  # the store API beside it
     finally:
         server.stop()
+
+
+def test_the_runs_agent_match_and_token_limit_decide_what_the_page_says_is_trained(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    from fulgor.training.run_report import write_run_info
+
+    copy = tmp_path / "run"
+    copy.mkdir()
+    (copy / "store.sqlite").write_bytes((run_dir / "store.sqlite").read_bytes())
+    settings = {"agent_match": "^writer$", "max_trajectory_tokens": 12}
+    write_run_info(copy, algorithm="grpo", hyperparameters=settings, model=None)
+    process, url = start("dashboard", str(copy), "--port", "0")
+    try:
+        (checker,) = rollout_ids(httpx.get(f"{url}/rollouts?agent=checker&status=succeeded&per_page=1").text)
+        (writer,) = rollout_ids(httpx.get(f"{url}/rollouts?agent=writer&status=succeeded&per_page=1").text)
+        checker_page = html.unescape(httpx.get(f"{url}/rollouts/{checker}").text)
+        writer_page = html.unescape(httpx.get(f"{url}/rollouts/{writer}").text)
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
+    assert checker_page.count("its agent is not one the run trains (agent_match)") == 3
+    assert "trained; starts row 1" in writer_page
+    assert (
+        "cut off by max_trajectory_tokens (12)" in writer_page
+        or "passes max_trajectory_tokens (12)" in writer_page
+    )

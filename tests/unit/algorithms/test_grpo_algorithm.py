@@ -90,3 +90,6 @@ def test_only_async_rollouts_too_far_behind_the_policy_are_stale() -> None:
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         GRPO(async_rollouts=True, max_staleness=-1)
     assert GRPO(async_rollouts=True, max_staleness=2).hyperparameters()["max_staleness"] == 2
+    # The dashboard reads these back from run.json to say why a call was or was not trained on.
+    settings = GRPO(agent_match="write", max_trajectory_tokens=64).hyperparameters()
+    assert (settings["agent_match"], settings["max_trajectory_tokens"]) == ("write", 64)

@@ -168,6 +168,7 @@ class GRPO(StepSchedule):
         settings: JsonDict = {"algorithm": "grpo", **{name: getattr(self, name) for name in names}}
         settings["max_seconds"] = self.max_seconds
         settings["max_trajectory_tokens"] = self.max_trajectory_tokens
+        settings["agent_match"] = self.agent_match
         settings["seed"] = self.seed
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
         if self.lora is not None:

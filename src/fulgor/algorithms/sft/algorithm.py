@@ -144,6 +144,7 @@ class SFT(StepSchedule):
             settings["from_run"] = str(self.from_run)
         settings["max_tokens"] = self.max_tokens
         settings["max_trajectory_tokens"] = self.max_trajectory_tokens
+        settings["agent_match"] = self.agent_match
         settings.update({f"config/{k}": v for k, v in dataclasses.asdict(self.config).items()})
         if self.lora is not None:
             settings.update({f"lora/{k}": v for k, v in dataclasses.asdict(self.lora).items()})
