@@ -37,7 +37,7 @@ FRAMEWORK_VENVS := $(foreach name,$(FRAMEWORKS),.frameworks/$(name)/.installed)
 	touch $@
 
 unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS)
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q --durations=20 $(PYTEST_ARGS)
 
 test: lint typecheck unit
 
