@@ -7,66 +7,18 @@ runs against any OpenAI-compatible model.
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import json
-import operator
 import weakref
 from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
 
+from examples.calc.calculator import CALCULATOR_TOOL, MAX_TURNS, SYSTEM_PROMPT, calculate, run_tool
 from examples.calc.reward import reward
 from fulgor import LLM, rollout
 
 __all__ = ["CALCULATOR_TOOL", "SYSTEM_PROMPT", "calc_agent", "calculate", "http_client", "run_tool"]
-
-SYSTEM_PROMPT = "Use the calculator, then reply with Answer: and the number."
-CALCULATOR_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate arithmetic: + - * / ( ).",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
-MAX_TURNS = 3
-
-_OPERATORS: dict[type, Any] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.USub: operator.neg,
-}
-
-
-def calculate(expression: str) -> str:
-    """Evaluate arithmetic safely (no names, calls or attributes); errors come back as text.
-
-    >>> calculate("37*48"), calculate("(2+3)/2"), calculate("__import__('os')")
-    ('1776', '2.5', 'error: only numbers and + - * / ( ) are allowed')
-    """
-    try:
-        value = _evaluate(ast.parse(expression, mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, TypeError) as error:
-        return f"error: {error}"
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def _evaluate(node: ast.expr) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return float(_OPERATORS[type(node.op)](_evaluate(node.left), _evaluate(node.right)))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return float(_OPERATORS[type(node.op)](_evaluate(node.operand)))
-    raise ValueError("only numbers and + - * / ( ) are allowed")
 
 
 def http_client() -> httpx.AsyncClient:
@@ -111,18 +63,3 @@ async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
             result = run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return reward(final, task["answer"])
-
-
-def run_tool(name: str | None, arguments: str | None) -> str:
-    """What a tool call of the model gets back: the calculator's result, or an error as text.
-
-    >>> run_tool("calculator", '{"expression": "12*7"}'), run_tool("search", "{}")
-    ('84', "error: unknown tool 'search'")
-    """
-    if name != "calculator":
-        return f"error: unknown tool {name!r}"
-    try:
-        expression = json.loads(arguments or "{}")["expression"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return 'error: call calculator with {"expression": "..."}'
-    return calculate(str(expression))

@@ -1,0 +1,1 @@
+"""The calc task through an AutoGen AgentChat ``AssistantAgent`` whose calculator is an MCP server."""
