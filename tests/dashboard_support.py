@@ -19,7 +19,7 @@ MARKUP = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">"\'
 
 
 FAILED_EVERY = 9
-MISSING_IDS_EVERY = 20
+MISSING_IDS_EVERY = 15
 PER_STEP = 16
 
 

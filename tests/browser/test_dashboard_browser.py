@@ -200,10 +200,11 @@ def test_filters_and_pagination_work_from_the_page(browser: Any, run: tuple[Path
 def test_the_token_view_shows_the_ids_the_store_holds(browser: Any, run: tuple[Path, str]) -> None:
     run_dir, url = run
     watched = Watched(browser)
-    (rollout_id,) = newest_rollouts(watched, url, per_page="1", status="succeeded", agent="checker")
-    page = watched.open(f"{url}/rollouts/{rollout_id}")
+    (plain,) = newest_rollouts(watched, url, per_page="1", status="succeeded", mode="train", agent="writer")
+    # Rollout 104 (step 7) is a train rollout whose first call came without token ids.
+    (missing,) = newest_rollouts(watched, url, step="7", problem="calls_missing_ids")
 
-    async def stored() -> list[ModelCall]:
+    async def stored(rollout_id: str) -> list[ModelCall]:
         reader = SqliteReader(run_dir / "store.sqlite")
         try:
             spans = await reader.query_spans(rollout_id)
@@ -215,28 +216,28 @@ def test_the_token_view_shows_the_ids_the_store_holds(browser: Any, run: tuple[P
             if s.name == "fulgor.model_call"
         ]
 
-    calls = in_thread(lambda: asyncio.run(stored()))
-    assert len(calls) == page.locator("section.call").count() == 3
-    for index, call in enumerate(calls):
-        section = page.locator(f"#call-{index}")
-        prompt = [
-            int(v)
-            for v in section.locator(".prompt-tokens .tok").evaluate_all("els => els.map(e => e.dataset.id)")
-        ]
-        response = [
-            int(v)
-            for v in section.locator(".response-tokens .tok").evaluate_all(
-                "els => els.map(e => e.dataset.id)"
+    for rollout_id in (plain, missing):
+        page = watched.open(f"{url}/rollouts/{rollout_id}")
+        calls = in_thread(lambda rollout_id=rollout_id: asyncio.run(stored(rollout_id)))
+        assert len(calls) == page.locator("section.call").count() == 3
+        for index, call in enumerate(calls):
+            section = page.locator(f"#call-{index}")
+            prompt = section.locator(".prompt-tokens .tok").evaluate_all(
+                "els => els.map(e => Number(e.dataset.id))"
             )
-        ]
-        assert (prompt, response) == (call.prompt_token_ids or [], call.response_token_ids or [])
-        assert section.locator(".ids-missing").count() == (1 if call.token_ids_missing else 0)
-        shaded = section.locator(".response-tokens .tok").evaluate_all(
-            "els => els.filter(e => e.style.background).length"
-        )
-        assert shaded == len(response)  # every sampled token carries its logprob's shade
-    assert page.locator(".tok-seen").count() > 0  # the second call extends the first one's row
-    watched.check()
+            response = section.locator(".response-tokens .tok").evaluate_all(
+                "els => els.map(e => Number(e.dataset.id))"
+            )
+            assert (prompt, response) == (call.prompt_token_ids or [], call.response_token_ids or [])
+            assert section.locator(".ids-missing").count() == (1 if call.token_ids_missing else 0)
+            shaded = section.locator(".response-tokens .tok").evaluate_all(
+                "els => els.filter(e => e.style.background).length"
+            )
+            assert shaded == len(response)  # every sampled token carries its logprob's shade
+        # A later call extends an earlier one's row: its prompt starts with tokens the row holds.
+        assert page.locator("section.call .prompt-tokens .tok-seen").count() > 0
+        watched.check()
+    assert any(c.token_ids_missing for c in in_thread(lambda: asyncio.run(stored(missing))))
 
 
 def test_a_live_page_shows_rollouts_as_they_are_written(browser: Any, run: tuple[Path, str]) -> None:

@@ -137,6 +137,15 @@ def test_a_rollout_shows_any_of_its_attempts(dashboard: str, made: tuple[Path, l
     assert "only the latest attempt is trained on" in first
 
 
+def test_only_train_rollouts_are_said_to_be_trained(dashboard: str) -> None:
+    (val,) = rollout_ids(httpx.get(f"{dashboard}/rollouts?mode=val&status=succeeded&per_page=1").text)
+    page = html.unescape(httpx.get(f"{dashboard}/rollouts/{val}").text)
+    assert "Not trained on: a val rollout: training learns from train rollouts only" in page
+    assert "trained; starts row" not in page
+    (train,) = rollout_ids(httpx.get(f"{dashboard}/rollouts?mode=train&status=succeeded&per_page=1").text)
+    assert "Trained on, call by call" in httpx.get(f"{dashboard}/rollouts/{train}").text
+
+
 def test_the_workers_page_lists_heartbeats_and_current_rollouts(
     dashboard: str, made: tuple[Path, list[str]]
 ) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import importlib.resources
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, get_args
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import jinja2
 
@@ -291,6 +292,8 @@ class Dashboard:
 
     async def _why_not_trained(self, rollout: Rollout) -> str | None:
         """Why none of the rollout's calls is trained on (None: they can be, call by call)."""
+        if rollout.mode != "train":
+            return f"a {rollout.mode} rollout: training learns from train rollouts only"
         if rollout.status != "succeeded":
             return f"the rollout did not succeed (it is {rollout.status}): only succeeded ones are trained on"
         outcome = await read_outcome(self.reader, rollout, agent_match=self._run_setting("agent_match"))  # type: ignore[arg-type]
@@ -391,8 +394,6 @@ def _cookie(scope: Scope, name: str) -> str | None:
     for part in raw.decode("latin-1").split(";"):
         key, _, value = part.strip().partition("=")
         if key == name:
-            from urllib.parse import unquote
-
             return unquote(value)
     return None
 
@@ -412,8 +413,6 @@ def _redirect(target: str, *, cookie: str | None = None) -> Answer:
 
 
 def _pretty(value: Any) -> str:
-    import json
-
     return value if isinstance(value, str) else json.dumps(value, indent=1, ensure_ascii=False, default=str)
 
 
