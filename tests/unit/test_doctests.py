@@ -10,7 +10,7 @@ import pytest
 MODULES = [
     "fulgor.agent.base",
     "fulgor.training.tracking",
-    "examples.calc.agent",
+    "examples.calc.calculator",
     "examples.calc.dataset",
     "examples.calc.reward",
     "examples.calc.single_turn",
