@@ -175,9 +175,14 @@ class SqliteReader:
             )
         self._lock = threading.Lock()
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def _read_now(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
+
+    async def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """One query on a thread: a count over a million spans must not stall the event loop that
+        also serves the store API and the gateway (``fulgor serve``)."""
+        return await asyncio.to_thread(self._read_now, sql, params)
 
     async def rollouts(self, query: RolloutQuery) -> Page:
         return await asyncio.to_thread(self._rollouts, query)
@@ -199,21 +204,21 @@ class SqliteReader:
             "duration_desc": "(r.end_time - r.start_time) DESC, r.seq DESC",
         }[query.sort]
         columns = ", ".join(f"r.{name.strip()}" for name in ROLLOUT_COLUMNS.split(","))
-        rows = self._read(
+        rows = self._read_now(
             f"SELECT {columns}, w.reward FROM rollouts r {join} {where} ORDER BY {order} LIMIT ? OFFSET ?",
             [*params, query.limit, query.offset],
         )
-        (total,) = self._read(f"SELECT COUNT(*) FROM rollouts r {join} {where}", params)[0]
+        (total,) = self._read_now(f"SELECT COUNT(*) FROM rollouts r {join} {where}", params)[0]
         return Page([RolloutRow(rollout_from_row(row[:-1]), row[-1]) for row in rows], total, query)
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        rows = await self._read(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,))
         if not rows:
             raise NotFoundError(f"rollout {quoted(rollout_id)} not found")
         return rollout_from_row(rows[0])
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rows = self._read(
+        rows = await self._read(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,)
         )
         return [attempt_from_row(row) for row in rows]
@@ -227,21 +232,22 @@ class SqliteReader:
             sql, params = "AND attempt_id = ?", [attempt_id]
         else:
             sql, params = "", []
-        rows = self._read(
+        rows = await self._read(
             f"SELECT body FROM spans WHERE rollout_id = ? {sql} ORDER BY attempt_seq, sequence_id",
             [rollout_id, *params],
         )
         return rules.read_spans(row[0] for row in rows)
 
     async def resources(self) -> list[ResourcesVersion]:
-        rows = self._read("SELECT body FROM resources ORDER BY version")
+        rows = await self._read("SELECT body FROM resources ORDER BY version")
         return [ResourcesVersion.model_validate_json(row[0]) for row in rows]
 
     async def workers(self) -> list[tuple[Worker, list[Attempt]]]:
         workers = [
-            worker_from_row(row) for row in self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY seq")
+            worker_from_row(row)
+            for row in await self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY seq")
         ]
-        live = self._read(
+        live = await self._read(
             f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE status IN ('preparing', 'running') "
             "ORDER BY start_time"
         )
@@ -252,11 +258,11 @@ class SqliteReader:
         return [(worker, by_worker.get(worker.worker_id, [])) for worker in workers]
 
     async def stats(self) -> StoreStats:
-        rollouts = dict(self._read("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
-        attempts = dict(self._read("SELECT status, COUNT(*) FROM attempts GROUP BY status"))
-        (spans,) = self._read("SELECT COUNT(*) FROM spans")[0]
-        (workers,) = self._read("SELECT COUNT(*) FROM workers")[0]
-        (versions,) = self._read("SELECT COUNT(*) FROM resources")[0]
+        rollouts = dict(await self._read("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
+        attempts = dict(await self._read("SELECT status, COUNT(*) FROM attempts GROUP BY status"))
+        ((spans,),) = await self._read("SELECT COUNT(*) FROM spans")
+        ((workers,),) = await self._read("SELECT COUNT(*) FROM workers")
+        ((versions,),) = await self._read("SELECT COUNT(*) FROM resources")
         return StoreStats(
             rollouts=rollouts, attempts=attempts, spans=spans, workers=workers, resources_versions=versions
         )
@@ -264,14 +270,16 @@ class SqliteReader:
     async def agents(self) -> list[str]:
         # One index seek per distinct name (a loose index scan), not a pass over every row.
         names: list[str] = []
-        row = self._read("SELECT MIN(agent_name) FROM rollout_agents")
+        row = await self._read("SELECT MIN(agent_name) FROM rollout_agents")
         while row and row[0][0] is not None and len(names) < 200:
             names.append(row[0][0])
-            row = self._read("SELECT MIN(agent_name) FROM rollout_agents WHERE agent_name > ?", (names[-1],))
+            row = await self._read(
+                "SELECT MIN(agent_name) FROM rollout_agents WHERE agent_name > ?", (names[-1],)
+            )
         return names
 
     async def rollouts_of_step(self, step: int) -> list[Rollout]:
-        rows = self._read(
+        rows = await self._read(
             f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE json_extract(metadata, '$.step') = ? ORDER BY seq",
             (step,),
         )
