@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from fulgor.store.sqlite import SqliteStore
@@ -96,3 +98,19 @@ async def _retried_rollout(store: SqliteStore) -> str:
         error = "the tool timed out" if status == "failed" else None
         await store.update_attempt(rollout.rollout_id, claimed.attempt.attempt_id, status=status, error=error)
     return rollout.rollout_id
+
+
+def start(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``fulgor ARGS...`` (``dashboard`` or ``serve``) as its own process, and the URL it printed first."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fulgor.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    url = process.stdout.readline().strip()
+    if not url:
+        process.wait(10)
+        raise AssertionError(process.stderr.read() if process.stderr else "no URL printed")
+    return process, url

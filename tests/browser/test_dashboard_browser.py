@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from tests.dashboard_support import make_run
+from tests.dashboard_support import make_run, start
 
 from fulgor.dashboard import SqliteReader
 from fulgor.store.sqlite import SqliteStore
@@ -31,7 +29,6 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("FULGOR_SCREENSHOTS", ROOT / "build" / "screenshots"))
-CLI = (sys.executable, "-m", "fulgor.cli.main")
 # Without the background-networking flags Chromium keeps reaching for Google's hosts.
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -76,16 +73,6 @@ def browser() -> Iterator[Any]:
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
-
-
-def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    url = process.stdout.readline().strip()
-    if not url:
-        process.wait(10)
-        raise AssertionError(process.stderr.read() if process.stderr else "no URL printed")
-    return process, url
 
 
 @pytest.fixture(scope="module")

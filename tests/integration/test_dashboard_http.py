@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.dashboard_support import make_run, missing_ids_in_step
+from tests.dashboard_support import make_run, missing_ids_in_step, start
 
 CLI = (sys.executable, "-m", "fulgor.cli.main")
 ROLLOUTS = 60
@@ -30,16 +30,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def run_dir(made: tuple[Path, list[str]]) -> Path:
     return made[0]
-
-
-def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    url = process.stdout.readline().strip()
-    if not url:
-        process.wait(10)
-        raise AssertionError(process.stderr.read() if process.stderr else "no URL printed")
-    return process, url
 
 
 @pytest.fixture(scope="module")

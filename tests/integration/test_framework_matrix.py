@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 
 import torch
 from gateway_support import GatewayEnv, gateway_env
+from tests.engine_support import assert_sampled_by
 
 from fulgor import semconv
 from fulgor.engine.app import create_app
@@ -160,21 +161,6 @@ def texts_of(framework: Framework, stdout: str) -> list[str]:
         return [json.loads(first)["choices"][0]["message"]["content"], streamed]
     texts: list[str] = json.loads(stdout.strip().splitlines()[-1])["texts"]
     return texts
-
-
-def assert_sampled_by(engine: LocalEngine, call: ModelCall) -> None:
-    """The recorded logprobs are the model's own for exactly the recorded ids."""
-    assert not call.token_ids_missing
-    assert call.prompt_token_ids
-    assert call.response_token_ids
-    assert call.response_logprobs
-    prompt, output = call.prompt_token_ids, call.response_token_ids
-    with torch.no_grad():
-        logits = engine.model.model(torch.tensor([prompt + output])).logits[0].float()
-    expected = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1].gather(
-        -1, torch.tensor(output)[:, None]
-    )
-    assert torch.allclose(torch.tensor(call.response_logprobs), expected.squeeze(-1), atol=1e-3)
 
 
 async def recorded(env: GatewayEnv, rollout_id: str) -> list[tuple[ModelCall, dict[str, object]]]:

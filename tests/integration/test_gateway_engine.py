@@ -17,15 +17,15 @@ pytest.importorskip("transformers")
 
 import anthropic
 import openai
-import torch
 from gateway_support import GatewayEnv, gateway_env
+from tests.engine_support import assert_sampled_by
 
 from fulgor.engine.app import create_app
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
 from fulgor.gateway import GatewayConfig
 from fulgor.net.asgi import ServerThread
-from fulgor.types import LLM, ModelCall
+from fulgor.types import LLM
 
 MODEL = "tiny"
 
@@ -46,21 +46,6 @@ def engine_url(engine: LocalEngine) -> Iterator[str]:
 async def env(engine_url: str) -> AsyncIterator[GatewayEnv]:
     async with gateway_env([engine_url]) as env:
         yield env
-
-
-def assert_sampled_by(engine: LocalEngine, call: ModelCall) -> None:
-    """The recorded logprobs are the model's own for exactly the recorded ids."""
-    assert not call.token_ids_missing
-    assert call.prompt_token_ids
-    assert call.response_token_ids
-    assert call.response_logprobs
-    prompt, output = call.prompt_token_ids, call.response_token_ids
-    with torch.no_grad():
-        logits = engine.model.model(torch.tensor([prompt + output])).logits[0].float()
-    expected = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1].gather(
-        -1, torch.tensor(output)[:, None]
-    )
-    assert torch.allclose(torch.tensor(call.response_logprobs), expected.squeeze(-1), atol=1e-3)
 
 
 async def test_openai_chat_records_the_ids_the_engine_returned(env: GatewayEnv, engine: LocalEngine) -> None:
