@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test demo demo-rooms demo-sql lint typecheck unit clean
+.PHONY: test demo demo-rooms demo-sql demo-rag lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,11 @@ demo-rooms: $(VENV)/.installed-demo
 # --adapters one LoRA adapter each for the writer and the rewriter).
 demo-sql: $(VENV)/.installed-demo
 	$(PY) -m examples.sql.train $(DEMO_ARGS)
+
+# The RAG example: a tiny model behind an OpenAI Agents SDK agent learns multi-hop retrieval QA with
+# GRPO, searching a made-up world's passages through an MCP server over an SQLite FTS5 index.
+demo-rag: $(VENV)/.installed-demo
+	$(PY) -m examples.rag.train $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .frameworks .pytest_cache .mypy_cache .ruff_cache

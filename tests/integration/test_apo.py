@@ -1,6 +1,6 @@
 """APO end to end: the Trainer drives the search through the real store, gateway and runners.
 
-The agent's model and the optimiser are simulations on loopback (tests/integration/agents/
+The agent's model and the optimiser are simulations on loopback (tests/integration/sample_agents/
 prompt_agent.py): the model follows the rules its prompt states, the critic names a missing rule,
 the editor adds it. Every path of the search runs for real: beam and Pareto steps, rejected edits,
 an optimiser that errors or times out, budgets, resume, the files of the run and the CLI.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents.prompt_agent import RULES, SEED, model_reply, optimizer_reply, prompted, unprompted
+from sample_agents.prompt_agent import RULES, SEED, model_reply, optimizer_reply, prompted, unprompted
 
 from fulgor import APO, LLM, PromptTemplate, Trainer
 from fulgor.adapters import model_calls

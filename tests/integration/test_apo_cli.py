@@ -1,6 +1,6 @@
 """``fulgor train --algorithm apo``: a prompt search from the command line, on an upstream model.
 
-The agent and the simulations are tests/integration/agents/prompt_agent.py's (a model that follows
+The agent and the simulations are tests/integration/sample_agents/prompt_agent.py's (a model that follows
 the rules its prompt states, a critic and an editor that add them), served on loopback here; the
 command runs as a user runs it, in a process of its own, without torch.
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agents.prompt_agent import RULES, SEED, model_reply, optimizer_reply
+from sample_agents.prompt_agent import RULES, SEED, model_reply, optimizer_reply
 
 from fulgor.cli.main import main
 from fulgor.testing import ScriptedOpenAIServer

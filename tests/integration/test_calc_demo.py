@@ -50,7 +50,12 @@ def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:
     assert step["rollouts_failed"] == 0
     assert all(step[f"drift/{name}"] == 0 for name in PROBLEMS)
     for evaluation in (result.test_before, result.test_after):
-        assert set(evaluation) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
+        assert set(evaluation) == {
+            "val_accuracy",
+            "val_tool_call_rate",
+            "val_tool_calls",
+            "val_rollouts_failed",
+        }
         assert evaluation["val_rollouts_failed"] == 0
     saved = json.loads((run_dir / "result.json").read_text())
     assert saved["test_after"] == result.test_after
@@ -117,7 +122,12 @@ def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
         assert metrics["rollouts_failed"] == 0, metrics
         assert all(metrics[f"drift/{name}"] == 0 for name in LOST), metrics
     result = json.loads((run_dir / "result.json").read_text())
-    assert set(result["test_after"]) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
+    assert set(result["test_after"]) == {
+        "val_accuracy",
+        "val_tool_call_rate",
+        "val_tool_calls",
+        "val_rollouts_failed",
+    }
     assert result["test_after"]["val_rollouts_failed"] == 0
     assert result["test_after"]["val_tool_call_rate"] >= 0.9  # from none after the warm start
     assert result["test_after"]["val_accuracy"] >= 0.8

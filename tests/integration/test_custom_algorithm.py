@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-from agents.chat_agent import graded_call
 from safetensors.torch import load_file
+from sample_agents.chat_agent import graded_call
 
 from fulgor import Algorithm, Trainer, semconv
 from fulgor.engine.local import EngineConfig

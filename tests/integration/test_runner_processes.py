@@ -25,7 +25,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.e
 def start_runner(store_path: Path, grace_seconds: float, agent: str = "sleeper") -> subprocess.Popen[str]:
     command = [
         sys.executable, "-m", "fulgor.cli.main", "runner",
-        "--agent", f"tests.integration.agents.slow_agent:{agent}",
+        "--agent", f"tests.integration.sample_agents.slow_agent:{agent}",
         "--store", f"sqlite:///{store_path}",
         "--n-runners", "2",
         "--grace-seconds", str(grace_seconds),
@@ -160,7 +160,9 @@ def test_a_killed_parent_takes_its_children_down(tmp_path: Path, grace_seconds: 
     assert wait_until(lambda: not [pid for pid in children if alive(pid)], 15)
 
 
-@pytest.mark.parametrize("spec", ["nomodule:agent", "tests.integration.agents.slow_agent:missing", "bad"])
+@pytest.mark.parametrize(
+    "spec", ["nomodule:agent", "tests.integration.sample_agents.slow_agent:missing", "bad"]
+)
 def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
     result = subprocess.run(
         [
@@ -187,7 +189,8 @@ def test_bad_agent_spec_is_a_clear_error(tmp_path: Path, spec: str) -> None:
 def test_a_bad_store_url_is_one_clear_error_not_a_traceback_per_worker(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "fulgor.cli.main", "runner",
-         "--agent", "tests.integration.agents.slow_agent:sleeper", "--store", "foo://", "--n-runners", "2"],
+         "--agent", "tests.integration.sample_agents.slow_agent:sleeper", "--store", "foo://",
+         "--n-runners", "2"],
         cwd=ROOT,
         env=ENV,
         capture_output=True,

@@ -28,7 +28,7 @@ def test_ray_pool_says_when_ray_is_not_initialised(tmp_path: Path) -> None:
     from fulgor.errors import ConfigError
 
     assert not ray.is_initialized()  # this test runs before the module's Ray instance starts
-    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", f"sqlite:///{tmp_path}/s.db")
+    pool = RayRunnerPool("tests.integration.sample_agents.slow_agent:sleeper", f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(ConfigError, match=r"ray\.init"):
         pool.start()
 
@@ -56,7 +56,7 @@ def test_ray_actors_run_every_rollout_once(local_ray: None, tmp_path: Path) -> N
 
     rollout_ids = asyncio.run(enqueue())
     config = PoolConfig(n_runners=2, runner=RunnerConfig(max_concurrency=2, claim_wait_seconds=0.5))
-    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", f"sqlite:///{path}", config)
+    pool = RayRunnerPool("tests.integration.sample_agents.slow_agent:sleeper", f"sqlite:///{path}", config)
     pool.start()
 
     async def outcome() -> tuple[list[str], list[list[Attempt]], list[list[str]]]:
@@ -94,7 +94,7 @@ def call_until_gone(actor: Any, seconds: float) -> None:
 def test_stop_kills_every_actor_even_when_one_has_died(local_ray: None, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/store.sqlite"
     config = PoolConfig(n_runners=2, runner=RunnerConfig(claim_wait_seconds=0.2, heartbeat_seconds=0.2))
-    pool = RayRunnerPool("tests.integration.agents.slow_agent:sleeper", url, config)
+    pool = RayRunnerPool("tests.integration.sample_agents.slow_agent:sleeper", url, config)
     pool.start()
 
     async def heartbeating() -> set[str]:

@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("openai")
 
 import torch
-from agents.chat_agent import graded_call
 from safetensors.torch import load_file
+from sample_agents.chat_agent import graded_call
 
 from examples.calc.agent import calc_agent
 from examples.calc.dataset import make_splits

@@ -24,7 +24,7 @@ PROBLEMS = (*DriftReport.LOSSES, "merge_breaks")
 # the sampled ids exactly, in a new row: a model sampling at temperature 1 may sample a tokenisation
 # of its text that re-encoding does not give back.
 LOST = DriftReport.LOSSES
-EVALUATION = {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
+EVALUATION = {"val_accuracy", "val_tool_call_rate", "val_tool_calls", "val_rollouts_failed"}
 
 
 def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("langgraph")
 
-from agents.sql_agents import always_rewrite, graded_rewrites, never_stops
 from safetensors.torch import load_file
+from sample_agents.sql_agents import always_rewrite, graded_rewrites, never_stops
 
 from examples.sql.agent import AGENTS, sql_agent, sql_agent_headers
 from examples.sql.database import build_database

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
-from agents.chat_agent import graded_call, one_call
+from sample_agents.chat_agent import graded_call, one_call
 from tests.process_support import command_line, descendants
 from tests.tracking_support import tensorboard_scalars, wandb_history
 
@@ -413,7 +413,7 @@ def test_evaluate_counts_the_rollouts_that_failed(tmp_path: Path, model_dir: Pat
     tasks = [*TASKS[:2], {"fail": True}]
     metrics = make_trainer(tmp_path / "run", model_dir).evaluate(fails_on_purpose, tasks)
 
-    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed"}
+    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_tool_calls", "val_rollouts_failed"}
     assert metrics["val_rollouts_failed"] == 1
     assert metrics["val_accuracy"] == pytest.approx(2 / 3)  # the failed one counts 0
     rollouts, _, _ = read_store(tmp_path / "run" / "store.sqlite")

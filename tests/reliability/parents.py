@@ -35,7 +35,7 @@ from fulgor.store import SqliteStore
 from fulgor.training.runners import ProcessRunners
 from fulgor.types import RolloutConfig, RolloutRequest
 
-AGENT = "tests.integration.agents.slow_agent:sleeping_program"
+AGENT = "tests.integration.sample_agents.slow_agent:sleeping_program"
 AGENT_PROGRAM = "time.sleep(json.loads(os.environ['FULGOR_TASK'])"  # in the program's command line
 LONG_ANSWER = {
     "messages": [{"role": "user", "content": "hi"}],

@@ -30,6 +30,7 @@ every trained token equals the id the engine returned for that position.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ __all__ = [
     "model_calls",
     "rollout_feedback",
     "rollout_reward",
+    "rollout_reward_values",
     "verify_rows",
 ]
 
@@ -156,6 +158,26 @@ def rollout_reward(spans: Sequence[Span]) -> float | None:
     """The primary value of the rollout's last reward span (None when it emitted none)."""
     rewards = _reward_spans(spans)
     return float(rewards[-1].attributes[semconv.ATTR_REWARD_VALUE]) if rewards else None
+
+
+def rollout_reward_values(spans: Sequence[Span]) -> dict[str, float]:
+    """The named values of the rollout's last reward span other than its primary one (empty when it
+    emitted none, or a single value)."""
+    rewards = _reward_spans(spans)
+    if not rewards:
+        return {}
+    values = rewards[-1].attributes.get(semconv.ATTR_REWARD_VALUES)
+    primary = rewards[-1].attributes.get(semconv.ATTR_REWARD_PRIMARY)
+    if not isinstance(values, dict):
+        return {}
+    return {
+        str(name): float(value)
+        for name, value in values.items()
+        if name != primary
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
 
 
 def rollout_feedback(spans: Sequence[Span]) -> str | None:

@@ -22,6 +22,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fulgor.agent.agents_sdk import name_agents_sdk_calls
 from fulgor.agent.base import Runnable
 from fulgor.agent.context import RolloutContext, use_context
 from fulgor.agent.emit import emit_exception
@@ -110,6 +111,7 @@ class Runner:
         if self.config.opentelemetry:
             _install_opentelemetry_bridge()
         name_langgraph_calls()  # for rollouts whose llm serves each agent with its own model
+        name_agents_sdk_calls()  # the SDK's calls name their agent in every rollout
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="fulgor-heartbeat")
         try:
             await self._claim_loop()

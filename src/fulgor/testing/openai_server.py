@@ -271,7 +271,10 @@ class ScriptedOpenAIServer:
     def _chat_choice(self, body: JsonDict, index: int, reply: ScriptedReply, sample: Sample) -> JsonDict:
         message: JsonDict = {"role": "assistant", "content": reply.text or None}
         if reply.tool_calls:
-            message["tool_calls"] = [_tool_call(index, k, call) for k, call in enumerate(reply.tool_calls)]
+            request = len(self.requests) - 1
+            message["tool_calls"] = [
+                _tool_call(request, index, k, call) for k, call in enumerate(reply.tool_calls)
+            ]
         choice: JsonDict = {"index": index, "message": message, "finish_reason": reply.finish()}
         choice["logprobs"] = _chat_logprobs(sample.token_ids) if body.get("logprobs") else None
         if self._wants_ids(body):
@@ -282,12 +285,13 @@ class ScriptedOpenAIServer:
         self, body: JsonDict, request: HttpRequest, replies: list[ScriptedReply], samples: list[Sample]
     ) -> AsyncIterator[bytes]:
         envelope = self._envelope("chatcmpl", "chat.completion.chunk")
+        number = len(self.requests) - 1
         for index, (reply, sample) in enumerate(zip(replies, samples, strict=True)):
             first = dict(envelope, choices=[{"index": index, "delta": {"role": "assistant", "content": ""}}])
             if self._wants_ids(body):
                 first["prompt_token_ids"] = sample.prompt_token_ids
             yield _event(first)
-            for delta, ids in _chat_deltas(index, reply):
+            for delta, ids in _chat_deltas(number, index, reply):
                 if await self._paced(request):
                     return
                 yield _event(self._chat_chunk(envelope, body, index, delta, ids, None))
@@ -397,18 +401,20 @@ def _prompts(prompt: Any) -> list[list[int]]:
     return [encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
-def _chat_deltas(index: int, reply: ScriptedReply) -> list[tuple[JsonDict, list[int]]]:
+def _chat_deltas(request: int, index: int, reply: ScriptedReply) -> list[tuple[JsonDict, list[int]]]:
     """The stream's deltas with the token ids each one carries: one per character of text, one per call."""
     deltas: list[tuple[JsonDict, list[int]]] = [({"content": char}, encode(char)) for char in reply.text]
     for k, call in enumerate(reply.tool_calls):
         raw = ScriptedReply(text="", tool_calls=(call,)).raw_text()
-        deltas.append(({"tool_calls": [{"index": k, **_tool_call(index, k, call)}]}, encode(raw)))
+        deltas.append(({"tool_calls": [{"index": k, **_tool_call(request, index, k, call)}]}, encode(raw)))
     return deltas
 
 
-def _tool_call(choice: int, index: int, call: ScriptedToolCall) -> JsonDict:
+def _tool_call(request: int, choice: int, index: int, call: ScriptedToolCall) -> JsonDict:
+    """A tool call with an id of its own in the server's life (``call_REQUEST_CHOICE_INDEX``):
+    agents match results to calls by id, across turns too."""
     function = {"name": call.name, "arguments": json.dumps(call.arguments)}
-    return {"id": f"call_{choice}_{index}", "type": "function", "function": function}
+    return {"id": f"call_{request}_{choice}_{index}", "type": "function", "function": function}
 
 
 def _chat_logprobs(ids: list[int]) -> JsonDict:

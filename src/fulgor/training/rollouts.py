@@ -21,7 +21,14 @@ from typing import Any
 
 import pydantic
 
-from fulgor.adapters.trajectory import DriftReport, Trajectory, build_trajectory, model_calls, rollout_reward
+from fulgor.adapters.trajectory import (
+    DriftReport,
+    Trajectory,
+    build_trajectory,
+    model_calls,
+    rollout_reward,
+    rollout_reward_values,
+)
 from fulgor.errors import InvalidTransitionError
 from fulgor.semconv import (
     ATTEMPT_SPANS_LOST,
@@ -34,7 +41,14 @@ from fulgor.store.base import LATEST, Store
 from fulgor.training.runners import RunnerGroup
 from fulgor.types import ModelCall, Rollout, RolloutRequest, Span
 
-__all__ = ["RolloutOutcome", "groups_without_signal", "read_outcome", "requested_tools", "run_rollouts"]
+__all__ = [
+    "RolloutOutcome",
+    "groups_without_signal",
+    "read_outcome",
+    "requested_tools",
+    "run_rollouts",
+    "validation_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +69,8 @@ class RolloutOutcome:
     tool_calls: int = 0
     agent_names: tuple[str | None, ...] = ()
     """The agent of each of its model calls (None for a call no header or span names)."""
+    reward_values: dict[str, float] = field(default_factory=dict)
+    """The named values of its reward other than the primary one (empty for a single value)."""
 
     @property
     def sampled_tokens(self) -> int:
@@ -134,6 +150,7 @@ async def read_outcome(
     calls = model_calls(spans)
     agents = tuple(call.agent_name for _, call in calls)
     reward = rollout_reward(spans)
+    values = rollout_reward_values(spans)
     tool_calls = sum(len(requested_tools(call)) for _, call in calls)
     if rollout.status != "succeeded":
         error = (latest.error if latest is not None else None) or rollout.status
@@ -144,11 +161,26 @@ async def read_outcome(
     else:
         trajectory, drift = build_trajectory(rollout, spans, agent_match=agent_match, max_tokens=max_tokens)
         return RolloutOutcome(
-            rollout, reward, len(calls), trajectory, drift, tool_calls=tool_calls, agent_names=agents
+            rollout,
+            reward,
+            len(calls),
+            trajectory,
+            drift,
+            tool_calls=tool_calls,
+            agent_names=agents,
+            reward_values=values,
         )
     drift = DriftReport(spans_lost=lost, spans_unreadable=unreadable)
     return RolloutOutcome(
-        rollout, reward, len(calls), None, drift, error=error, tool_calls=tool_calls, agent_names=agents
+        rollout,
+        reward,
+        len(calls),
+        None,
+        drift,
+        error=error,
+        tool_calls=tool_calls,
+        agent_names=agents,
+        reward_values=values,
     )
 
 
@@ -204,6 +236,32 @@ def agent_match_problem(agent_match: str | None, outcomes: Sequence[RolloutOutco
 
 def _by_name(item: tuple[str | None, int]) -> tuple[bool, str]:
     return item[0] is None, item[0] or ""
+
+
+def validation_metrics(outcomes: Sequence[RolloutOutcome]) -> dict[str, float]:
+    """A validation's metrics over its rollouts (see :meth:`fulgor.Trainer.validate`).
+
+    >>> from fulgor.types import Rollout
+    >>> def outcome(reward, tools, values):
+    ...     rollout = Rollout(rollout_id="r", input={}, status="succeeded", enqueue_time=0.0)
+    ...     return RolloutOutcome(rollout, reward, 1, None, tool_calls=tools, reward_values=values)
+    >>> metrics = validation_metrics([outcome(1.0, 2, {"f1": 1.0}), outcome(0.1, 0, {"f1": 0.0})])
+    >>> metrics["val_accuracy"], metrics["val_tool_call_rate"], metrics["val_tool_calls"], metrics["val_f1"]
+    (0.55, 0.5, 1.0, 0.5)
+    """
+    count = max(len(outcomes), 1)
+    metrics: dict[str, float] = {
+        "val_accuracy": sum(o.reward or 0.0 for o in outcomes) / count,
+        "val_tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / count,
+        "val_tool_calls": sum(o.tool_calls for o in outcomes) / count,
+        "val_rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
+    }
+    named: dict[str, list[float]] = {}
+    for outcome in outcomes:
+        for name, value in outcome.reward_values.items():
+            named.setdefault(name, []).append(value)
+    metrics.update({f"val_{name}": sum(values) / len(values) for name, values in sorted(named.items())})
+    return metrics
 
 
 def groups_without_signal(outcomes: Sequence[RolloutOutcome]) -> int:

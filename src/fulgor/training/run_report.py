@@ -43,6 +43,7 @@ _COLUMNS = (
     "optimizer_calls_total",
     "tool_call_rate",
     "val_tool_call_rate",
+    "val_tool_calls",
     "loss",
     "kl",
     "entropy",

@@ -63,6 +63,7 @@ from fulgor.training.rollouts import (
     groups_without_signal,
     read_outcome,
     run_rollouts,
+    validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
 from fulgor.training.services import Services, open_run_store, start_services
@@ -230,8 +231,9 @@ class Trainer:
     def evaluate(self, agent: Runnable, dataset: Sequence[Any]) -> dict[str, float]:
         """Run ``agent`` once on each task, greedy, with the newest weights (no training).
 
-        Returns ``val_accuracy``, ``val_tool_call_rate`` and ``val_rollouts_failed`` as
-        :meth:`validate` measures them, for a held-out set the run never validated on.
+        Returns the metrics :meth:`validate` measures (``val_accuracy``, ``val_tool_call_rate``,
+        ``val_tool_calls``, ``val_rollouts_failed``, a reward's named values), for a held-out set
+        the run never validated on.
         """
         if not dataset:
             raise ConfigError("the evaluation dataset is empty; pass at least one task")
@@ -523,18 +525,16 @@ class Trainer:
         """Each validation task once, greedy.
 
         Returns ``val_accuracy`` (the mean reward; no reward counts 0), ``val_tool_call_rate``
-        (the share of rollouts whose model asked for a tool at least once) and
-        ``val_rollouts_failed`` (how many rollouts did not succeed: they count in the accuracy
-        as 0, and ``run_dir/logs/runners.log`` says why).
+        (the share of rollouts whose model asked for a tool at least once), ``val_tool_calls``
+        (the tools asked for per rollout), ``val_rollouts_failed`` (how many rollouts did not
+        succeed: they count in the accuracy as 0, and ``run_dir/logs/runners.log`` says why), and
+        ``val_NAME`` for each named value of the rewards other than the primary one (a reward
+        ``{"reward": r, "f1": f}`` gives ``val_f1``, the mean over rollouts that have it).
         """
         requests = [self._request(task, "val", resources.val) for task in val]
         rollouts = await run_rollouts(services.store, requests, services.runners)
         outcomes = await self.build_trajectories(services, rollouts)
-        return {
-            "val_accuracy": sum(o.reward or 0.0 for o in outcomes) / len(outcomes),
-            "val_tool_call_rate": sum(1 for o in outcomes if o.tool_calls) / len(outcomes),
-            "val_rollouts_failed": sum(1 for o in outcomes if o.rollout.status != "succeeded"),
-        }
+        return validation_metrics(outcomes)
 
     async def prune_checkpoints(self, step: int) -> None:
         """Delete the checkpoints that are neither among the newest ``keep_checkpoints`` nor the best

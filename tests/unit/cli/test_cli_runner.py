@@ -17,7 +17,7 @@ def test_an_in_memory_store_is_refused_with_what_to_use_instead(option: str) -> 
     # Each worker process would open its own empty MemoryStore and wait forever for rollouts.
     command = [
         sys.executable, "-m", "fulgor.cli.main", "runner",
-        "--agent", "tests.integration.agents.slow_agent:sleeper", option, "memory://",
+        "--agent", "tests.integration.sample_agents.slow_agent:sleeper", option, "memory://",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

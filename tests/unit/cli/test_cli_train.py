@@ -516,7 +516,14 @@ def test_train_one_step_then_evaluate_the_run(tmp_path: Path, tiny_model: Path) 
     )
     assert evaluated.returncode == 0, evaluated.stderr
     metrics = json.loads(evaluated.stdout.splitlines()[0])
-    assert set(metrics) == {"val_accuracy", "val_tool_call_rate", "val_rollouts_failed", "tasks", "step"}
+    assert set(metrics) == {
+        "val_accuracy",
+        "val_tool_call_rate",
+        "val_tool_calls",
+        "val_rollouts_failed",
+        "tasks",
+        "step",
+    }
     assert (metrics["tasks"], metrics["val_rollouts_failed"], metrics["step"]) == (2, 0, 1)
     assert "step-1" in evaluated.stderr  # with the weights the run trained
     assert [m["step"] for m in read_metrics(run)] == [0, 1]  # evaluating trains nothing

@@ -10,7 +10,7 @@ import pytest
 from fulgor.errors import ConfigError
 from fulgor.runner.pool import RunnerPool, load_agent
 
-AGENT = "tests.integration.agents.slow_agent:sleeper"
+AGENT = "tests.integration.sample_agents.slow_agent:sleeper"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from fulgor.errors import ConfigError
 from fulgor.runner.pool import PoolConfig
 from fulgor.runner.ray_pool import RayRunnerPool
 
-AGENT = "tests.integration.agents.slow_agent:sleeper"
+AGENT = "tests.integration.sample_agents.slow_agent:sleeper"
 
 
 def test_worker_ids_are_unique_across_pools() -> None:

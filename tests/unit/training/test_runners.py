@@ -16,8 +16,8 @@ from fulgor.store import SqliteStore
 from fulgor.training.runners import ProcessRunners
 from fulgor.types import RolloutRequest
 
-AGENT = "tests.integration.agents.slow_agent:sleeper"
-PROGRAM = "tests.integration.agents.slow_agent:sleeping_program"
+AGENT = "tests.integration.sample_agents.slow_agent:sleeper"
+PROGRAM = "tests.integration.sample_agents.slow_agent:sleeping_program"
 
 
 def open_descriptors() -> set[str]:
