@@ -109,13 +109,24 @@ async def search_server(index: str) -> _SharedServer:
     shared = servers.get(index)
     if shared is None or not shared.alive:
         shared = servers[index] = _SharedServer(index)
-    await asyncio.shield(shared.ready)
+    try:
+        await asyncio.shield(shared.ready)
+    except Exception as error:
+        raise RuntimeError(
+            f"the search MCP server over {index} did not start ({type(error).__name__}: {error}); "
+            "its own last words are on the runner's stderr (run_dir/logs/runners.log)"
+        ) from error
     return shared
 
 
 @rollout
 async def rag_agent(task: dict[str, Any], llm: LLM) -> None:
     """One question: the agent searches and answers; the reward is 0.1 x format + 0.9 x F1."""
+    if not isinstance(task.get("index"), str):
+        raise ValueError(
+            "a RAG task names its search index: {'question': ..., 'answer': ..., 'index': 'path/to/"
+            "index.sqlite'} (examples.rag.index.build_index writes one)"
+        )
     shared = await search_server(task["index"])
     client = AsyncOpenAI(
         base_url=llm.endpoint, api_key=llm.api_key or "fulgor", max_retries=2, http_client=http_client()

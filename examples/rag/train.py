@@ -12,8 +12,8 @@ reusing what an earlier run of the same run directory already made:
    badly and mostly stops one search short.
 4. ``grpo``: :class:`fulgor.Trainer` runs the agent through the real store, gateway, local engine
    and runner processes, and GRPO learns from the rewards (0.1 x format + 0.9 x answer F1) of its
-   own rollouts; validation (greedy) before the first step and every few steps, with the F1 and
-   the searches per question.
+   own rollouts, for at most 285 s; validation (greedy) before the first step and every few steps,
+   with the F1 and the searches per question.
 5. The held-out test split (people training never saw), greedy, before GRPO and with the final
    weights; ``grpo/report.html`` and ``grpo/curves.png`` show the curves.
 
@@ -48,8 +48,8 @@ MODEL_NAME = "rag-tiny"
 MODEL_SIZE: Final = "tiny"
 SIZES = (2000, 64, 128)
 """The train, validation and test splits' sizes."""
-MAX_SECONDS = 570.0
-"""GRPO's wall-time budget: the last step and its validation end within ten minutes."""
+MAX_SECONDS = 285.0
+"""GRPO's wall-time budget: the last step and its validation end within five minutes."""
 
 
 def demo_grpo(seed: int = 0, max_steps: int = 300, max_seconds: float | None = MAX_SECONDS) -> Any:
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--run-dir", type=Path, help="default: runs/rag-<date>-<time>")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--steps", type=int, default=300, help="GRPO steps (at most; GRPO stops after 9.5 minutes)"
-    )
+    parser.add_argument("--steps", type=int, default=300, help="GRPO steps (at most; GRPO stops after 285 s)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
