@@ -34,8 +34,13 @@ async def until(condition: Callable[[], bool], timeout_seconds: float = 30.0) ->
 
 
 def assert_sampled_by(engine: LocalEngine, call: ModelCall) -> None:
-    """The recorded logprobs are the model's own for exactly the recorded ids (which re-tokenised
-    text would not give)."""
+    """The recorded logprobs are the engine's model's own for exactly the recorded ids (which
+    re-tokenised text would not give)."""
+    assert_logprobs_of(engine.model.model, call)
+
+
+def assert_logprobs_of(model: Any, call: ModelCall) -> None:
+    """The recorded logprobs are ``model``'s (a transformers causal LM) for exactly the recorded ids."""
     import torch
 
     assert not call.token_ids_missing
@@ -44,7 +49,7 @@ def assert_sampled_by(engine: LocalEngine, call: ModelCall) -> None:
     assert call.response_logprobs
     prompt, output = call.prompt_token_ids, call.response_token_ids
     with torch.no_grad():
-        logits = engine.model.model(torch.tensor([prompt + output])).logits[0].float()
+        logits = model(torch.tensor([prompt + output])).logits[0].float()
     expected = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1].gather(
         -1, torch.tensor(output)[:, None]
     )

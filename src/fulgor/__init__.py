@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from fulgor.algorithms.apo import APO
     from fulgor.algorithms.grpo import GRPO
     from fulgor.algorithms.sft import SFT
-    from fulgor.training import Trainer
+    from fulgor.training import RayRunners, Trainer
 
 # Loaded on first use, so that `import fulgor` stays small.
 _LAZY = {
@@ -55,6 +55,7 @@ _LAZY = {
     "Algorithm": "fulgor.algorithms",
     "GRPO": "fulgor.algorithms.grpo",
     "SFT": "fulgor.algorithms.sft",
+    "RayRunners": "fulgor.training",
     "Trainer": "fulgor.training",
 }
 
@@ -73,6 +74,7 @@ __all__ = [
     "ModelCall",
     "NotFoundError",
     "PromptTemplate",
+    "RayRunners",
     "ResourcesVersion",
     "Reward",
     "Rollout",

@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("agents")
 
+from tests.engine_support import assert_logprobs_of
+
 from examples.rag.agent import AGENT_NAME, ROOT, rag_agent
 from examples.rag.corpus import Task, make_splits, make_world
 from examples.rag.index import SearchIndex, build_index, format_results
@@ -89,15 +91,16 @@ def test_the_agent_runs_on_the_local_engine_with_its_calls_named_and_recorded(
     )
     report = trainer.dev(rag_agent, tasks[:4])
     assert [r.status for r in report.rollouts] == ["succeeded"] * 4
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    weights, tokenizer = AutoModelForCausalLM.from_pretrained(model), AutoTokenizer.from_pretrained(model)
     for status, calls, _, values in asyncio.run(recorded(tmp_path / "run")):
         assert status == "succeeded"
         assert calls
         assert set(values) == {"reward", "f1", "format"}  # 0.1 x format + 0.9 x F1, with its terms
         for call in calls:
-            assert not call.token_ids_missing
-            assert call.prompt_token_ids
-            assert call.response_token_ids
-            assert call.response_logprobs
+            assert_logprobs_of(weights, call)  # exactly the ids the engine sampled, with its logprobs
+            assert call.request["messages"][1]["content"] in tokenizer.decode(call.prompt_token_ids)
             assert call.agent_name == AGENT_NAME  # named by fulgor from the SDK's own agent span
             assert call.request["tools"] == [CHAT_TOOL]  # the MCP server's tool, as the warm start renders it
     assert not search_servers()

@@ -18,16 +18,17 @@ from fulgor.errors import ConfigError
 from fulgor.runner.pool import PoolConfig, check_shared_store, load_agent
 from fulgor.runner.worker import Runner, RunnerConfig
 
-__all__ = ["RayRunnerPool"]
+__all__ = ["RayRunnerPool", "require_ray"]
 
 logger = logging.getLogger(__name__)
 
 
-def _ray() -> Any:
+def require_ray() -> Any:
+    """The ``ray`` module; ConfigError naming the extra when it is not installed."""
     try:
         import ray
     except ImportError as error:
-        raise ConfigError("runner_backend='ray' needs Ray: pip install 'fulgor[ray]'") from error
+        raise ConfigError("runners on Ray need Ray: pip install 'fulgor[ray]'") from error
     return ray
 
 
@@ -35,9 +36,13 @@ class _RunnerActor:
     """One runner inside a Ray actor (an async actor: ``run`` and ``stop`` interleave)."""
 
     def __init__(self, agent: Runnable | str, store_url: str, config: RunnerConfig, worker_id: str) -> None:
+        from fulgor.store.client import StoreClient
         from fulgor.store.sync import open_store
 
-        self._store = open_store(store_url)
+        # A store served over HTTP takes the runners' operator key, which the actor's environment
+        # (unlike a runner process's) does not carry.
+        http = store_url.startswith(("http://", "https://"))
+        self._store = StoreClient(store_url, token=config.operator_key) if http else open_store(store_url)
         self._runner = Runner(
             load_agent(agent) if isinstance(agent, str) else agent,
             self._store,
@@ -75,7 +80,7 @@ class RayRunnerPool:
 
     def start(self) -> None:
         """Start the actors (Ray must be initialised: ``ray.init(...)``) and their claim loops."""
-        ray = _ray()
+        ray = require_ray()
         if not ray.is_initialized():
             raise ConfigError("Ray is not initialised: call ray.init() (or ray.init(address=...)) first")
         actor_class = ray.remote(num_cpus=0)(_RunnerActor)
@@ -86,12 +91,20 @@ class RayRunnerPool:
             self._actors.append(actor)
             self._runs.append(actor.run.remote())
 
+    def actors_running(self) -> int:
+        """How many of the started actors' claim loops have not ended (0 before ``start``)."""
+        if not self._runs:
+            return 0
+        ray = require_ray()
+        ended, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+        return len(self._runs) - len(ended)
+
     def stop(self, timeout_seconds: float | None = None) -> int:
         """Drain every actor, then kill it; returns how many rollouts the actors completed.
 
         Every actor is killed even when some have died or fail to drain, so that none keeps claiming.
         """
-        ray = _ray()
+        ray = require_ray()
         try:
             return self._drain(ray, timeout_seconds)
         finally:

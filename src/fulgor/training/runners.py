@@ -1,13 +1,16 @@
-"""The trainer's runners: a process pool when child processes can import the agent, else in-process.
+"""The trainer's runners: a process pool when child processes can import the agent, else in-process;
+or Ray actors (``Trainer(runners=RayRunners(...))``).
 
 A ``@fulgor.rollout`` function defined at module level is importable by its ``module:qualname``, so
 ``n_runners`` processes run it (a :class:`~fulgor.runner.pool.RunnerPool`).
 Anything else (an ``Agent`` instance with state, a function defined in ``__main__`` or inside
 another function) runs in ``n_runners`` :class:`~fulgor.runner.Runner` loops on the trainer's own
-event loop.
+event loop. With :class:`RayRunners`, ``n_runners`` actors of a
+:class:`~fulgor.runner.ray_pool.RayRunnerPool` run it, on a Ray instance the session starts or a
+cluster it joins.
 
-Either way the group stops cleanly: running rollouts get the grace period, then are cancelled and
-their attempts marked failed; no process is left behind.
+Every kind stops cleanly: running rollouts get the grace period, then are cancelled and their
+attempts marked failed; no process or actor is left behind.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fulgor.agent.base import RolloutFunction, Runnable
 from fulgor.errors import ConfigError, FulgorError
@@ -29,7 +34,15 @@ from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
 from fulgor.store.base import Store
 from fulgor.store.client import TOKEN_ENV
 
-__all__ = ["InProcessRunners", "ProcessRunners", "RunnerGroup", "agent_spec", "start_runners"]
+__all__ = [
+    "InProcessRunners",
+    "ProcessRunners",
+    "RayRunnerGroup",
+    "RayRunners",
+    "RunnerGroup",
+    "agent_spec",
+    "start_runners",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +72,33 @@ def agent_spec(agent: Runnable) -> str | None:
     return spec if loaded is agent else None
 
 
+@dataclass(frozen=True)
+class RayRunners:
+    """Run the trainer's ``n_runners`` runners as Ray actors (``pip install 'fulgor[ray]'``).
+
+    ``address`` None starts a Ray instance on this machine for the session and shuts it down when
+    the session ends (``num_cpus`` caps it; the actors take no CPU of Ray's accounting, so a
+    rollout's agent is not queued behind another's). An address (``"auto"``, ``"ray://HOST:10001"``)
+    joins a running cluster and leaves it running. A Ray instance the process had already started
+    (``ray.init`` before the trainer) is used as it is. The actors reach the trainer's store and
+    gateway at the URL the session serves them on, on this machine's loopback: the cluster's nodes
+    must be this machine. ``runtime_env`` goes to ``ray.init``; its ``env_vars`` gain a
+    ``PYTHONPATH`` of the trainer's ``sys.path``, so that the actors import the agent as the trainer
+    did. An agent that another process cannot import by name (an instance with state) is sent to the
+    actors pickled.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+
+    def start(
+        self, agent: Runnable | str, store_url: str, n_runners: int, config: RunnerConfig
+    ) -> RayRunnerGroup:
+        """Start ``n_runners`` actors of ``agent`` (a ``module:qualname`` or the agent itself)."""
+        return RayRunnerGroup(self, agent, store_url, PoolConfig(n_runners=n_runners, runner=config))
+
+
 def start_runners(
     agent: Runnable,
     store: Store,
@@ -66,14 +106,19 @@ def start_runners(
     n_runners: int,
     config: RunnerConfig,
     log_path: Path,
+    backend: RayRunners | None = None,
 ) -> RunnerGroup:
-    """Start ``n_runners`` runners for ``agent``: processes when they can import it, else in-process.
+    """Start ``n_runners`` runners for ``agent``: processes when they can import it, else in-process;
+    Ray actors with a ``backend``.
 
-    Runner processes write their log to ``log_path``; in-process runners log like the trainer.
+    Runner processes write their log to ``log_path``; in-process runners log like the trainer, and
+    Ray actors to Ray's own logs.
     """
     spec = agent_spec(agent)
     group: RunnerGroup
-    if spec is None:
+    if backend is not None:
+        group = backend.start(agent if spec is None else spec, store_url, n_runners, config)
+    elif spec is None:
         group = InProcessRunners(agent, store, n_runners, config)
     else:
         pool = PoolConfig(n_runners=n_runners, runner=config)
@@ -195,3 +240,56 @@ class ProcessRunners:
                     os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()
             os.close(self._parent_write)
+
+
+class RayRunnerGroup:
+    """A :class:`~fulgor.runner.ray_pool.RayRunnerPool` the trainer started and stops."""
+
+    def __init__(
+        self, backend: RayRunners, agent: Runnable | str, store_url: str, config: PoolConfig
+    ) -> None:
+        from fulgor.runner.ray_pool import RayRunnerPool, require_ray
+
+        ray = require_ray()
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+            runtime_env = dict(backend.runtime_env)
+            runtime_env["env_vars"] = {"PYTHONPATH": path, **dict(runtime_env.get("env_vars") or {})}
+            ray.init(
+                address=backend.address,
+                num_cpus=backend.num_cpus if backend.address is None else None,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env=runtime_env,
+            )
+            self._owns_ray = backend.address is None
+        where = "a local Ray instance" if backend.address is None else f"the Ray cluster at {backend.address}"
+        name = agent if isinstance(agent, str) else repr(agent.name)
+        self.description = f"{config.n_runners} Ray runner actor(s) for agent {name} on {where}"
+        self._pool = RayRunnerPool(agent, store_url, config)
+        try:
+            self._pool.start()
+        except BaseException:
+            self._shutdown()
+            raise
+
+    def check(self) -> None:
+        """Raise once every actor has stopped: an actor that dies alone leaves its rollouts to the
+        others (its attempts go unresponsive and are retried as their config says)."""
+        if self._pool.actors_running() == 0:
+            raise FulgorError(
+                "every Ray runner actor stopped; Ray's logs (/tmp/ray/session_latest/logs) say why"
+            )
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.to_thread(self._pool.stop)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._owns_ray:
+            self._ray.shutdown()
+            self._owns_ray = False

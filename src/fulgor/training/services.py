@@ -29,7 +29,7 @@ from fulgor.credentials import new_operator_key
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
-from fulgor.training.runners import RunnerGroup, start_runners
+from fulgor.training.runners import RayRunners, RunnerGroup, start_runners
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig, LocalEngine
@@ -120,6 +120,7 @@ async def start_services(
     owns_store: bool,
     model_name: str | None = None,
     adapters: Mapping[str, Path] | None = None,
+    runners_backend: RayRunners | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
@@ -127,6 +128,7 @@ async def start_services(
     ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
     served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
     adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
+    ``runners_backend`` runs the runners as Ray actors instead of local processes.
     """
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
@@ -163,7 +165,9 @@ async def start_services(
         app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
         server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
         runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
-        runners = start_runners(agent, store, server_url, n_runners, runner_config, runner_log)
+        runners = start_runners(
+            agent, store, server_url, n_runners, runner_config, runner_log, backend=runners_backend
+        )
         stack.push_async_callback(runners.stop)
         where = "upstream" if engine is None else "engine"
         logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)

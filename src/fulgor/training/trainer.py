@@ -66,6 +66,7 @@ from fulgor.training.rollouts import (
     validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
+from fulgor.training.runners import RayRunners
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
@@ -106,7 +107,9 @@ class Trainer:
     earliest of equals), and deletes the others as it goes, earlier sessions' too; a run without
     validation keeps the newest only, and ``keep_checkpoints=0`` keeps every one. ``n_runners``
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
-    agent, else on the trainer's own event loop. ``rollout_config`` sets each rollout's timeout and
+    agent, else on the trainer's own event loop; with ``runners=RayRunners(...)``, as Ray actors
+    (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
+    whose nodes are this machine). ``rollout_config`` sets each rollout's timeout and
     retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
@@ -131,6 +134,7 @@ class Trainer:
         run_dir: str | Path = "runs/default",
         store: Store | None = None,
         n_runners: int = 2,
+        runners: RayRunners | None = None,
         max_concurrency: int = 8,
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
@@ -155,6 +159,11 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.store = store
         self.n_runners = n_runners
+        if runners is not None and not isinstance(runners, RayRunners):
+            raise ConfigError(
+                f"runners must be None (local processes) or fulgor.RayRunners(...), got {runners!r}"
+            )
+        self.runners = runners
         # A short claim long-poll: stopping a runner waits for its claim in flight to return.
         self.runner_config = RunnerConfig(
             max_concurrency=max_concurrency, claim_wait_seconds=1.0, shutdown_grace_seconds=5.0
@@ -431,6 +440,7 @@ class Trainer:
             owns_store=self.store is None,
             model_name=model_name,
             adapters=adapters,
+            runners_backend=self.runners,
         ) as services:
             yield services
 

@@ -26,6 +26,16 @@ async def dies_first_time(task: dict[str, Any], rollout: Any) -> float:
     return 1.0
 
 
+@rollout
+async def kills_its_runner_first_time(task: dict[str, Any], rollout: Any) -> float:
+    """On a rollout's first attempt the process running it dies (a runner killed mid-rollout, an
+    out-of-memory kill); the retry finishes."""
+    if rollout.attempt.sequence_id == 1:
+        os._exit(17)
+    emit_message(f"attempt {rollout.attempt.sequence_id} in pid {os.getpid()}")
+    return 1.0
+
+
 # A zero-code agent: a program in a session of its own that sleeps task["seconds"].
 sleeping_program = SubprocessAgent(
     [
