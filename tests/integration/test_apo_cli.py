@@ -21,7 +21,7 @@ from fulgor.testing import ScriptedOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
-AGENT = "agents.prompt_agent:prompted"
+AGENT = "sample_agents.prompt_agent:prompted"
 
 
 @pytest.fixture
