@@ -109,3 +109,14 @@ async def test_the_operator_key_reaches_the_pool_in_its_environment_not_on_its_c
         assert b"FULGOR_TOKEN=run-secret\0" in proc_file(pool, "environ")
     finally:
         await runners.stop()
+
+
+def test_the_trainer_takes_ray_runners_or_none_and_says_so_otherwise() -> None:
+    from fulgor import GRPO, ConfigError, RayRunners, Trainer
+
+    assert (
+        Trainer(algorithm=GRPO(), upstream="http://127.0.0.1:9/v1", runners=RayRunners()).runners
+        == RayRunners()
+    )
+    with pytest.raises(ConfigError, match=r"runners must be None \(local processes\) or fulgor\.RayRunners"):
+        Trainer(algorithm=GRPO(), upstream="http://127.0.0.1:9/v1", runners="ray")  # type: ignore[arg-type]
