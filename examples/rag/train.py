@@ -20,8 +20,8 @@ reusing what an earlier run of the same run directory already made:
     python -m examples.rag.train                    # a new run under runs/rag-<time>
     python -m examples.rag.train --run-dir runs/rag --seed 1
 
-Ctrl+C at any stage stops every process the demo started (the MCP servers too) and exits with
-status 130, naming the ``--run-dir`` that continues from the stages it finished.
+Ctrl+C at any stage stops every process the demo started and exits with status 130, naming the
+``--run-dir`` that continues from the stages it finished.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from examples.calc.train import DemoResult
 from examples.rag.agent import rag_agent
 from examples.rag.corpus import make_splits, make_world
 from examples.rag.index import build_index
@@ -72,22 +72,6 @@ def demo_grpo(seed: int = 0, max_steps: int = 300, max_seconds: float | None = M
         seed=seed,
         config=GRPOConfig(learning_rate=2e-4, micro_batch_size=64),
     )
-
-
-@dataclass
-class DemoResult:
-    """What a demo run produced, and how long each stage took."""
-
-    run_dir: Path
-    seconds: dict[str, float] = field(default_factory=dict)
-    test_before: dict[str, float] = field(default_factory=dict)
-    test_after: dict[str, float] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["run_dir"] = str(self.run_dir)
-        return data
 
 
 def run_demo(
