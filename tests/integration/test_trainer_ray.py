@@ -5,7 +5,9 @@ another, and nothing of Ray outlives the session."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("ray", reason="the ray extra is installed by make test")
 
 import ray
-from tests.integration.sample_agents.slow_agent import kills_its_runner_first_time
+from tests.integration.sample_agents.slow_agent import kills_its_runner_first_time, sleeper
 
 from examples.calc.agent import calc_agent
 from examples.calc.dataset import make_splits
@@ -89,3 +91,26 @@ def test_a_runner_that_dies_mid_rollout_leaves_it_to_another(tmp_path: Path) -> 
     assert dead != alive  # the retry ran on the other actor
     assert not ray.is_initialized()
     assert not ray_processes()
+
+
+def test_a_ray_the_process_started_is_used_and_left_running(tmp_path: Path) -> None:
+    # Ray started by the test process itself, with the path its actors import the agent from.
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+    runtime_env = {"env_vars": {"PYTHONPATH": path}}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+    try:
+        with ScriptedOpenAIServer() as upstream:
+            trainer = Trainer(
+                algorithm=GRPO(),
+                upstream=upstream.url,
+                model="scripted",
+                run_dir=tmp_path / "run",
+                n_runners=1,
+                runners=RayRunners(),
+                progress=False,
+            )
+            report = trainer.dev(sleeper, [{"seconds": 0.01}])
+        assert [r.status for r in report.rollouts] == ["succeeded"]
+        assert ray.is_initialized()  # not the session's to shut down
+    finally:
+        ray.shutdown()
