@@ -15,7 +15,7 @@ $(VENV)/.created:
 
 $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 	$(PIP) install $(TORCH)
-	$(PIP) install -e '.[dev,torch,server,frameworks,ray,postgres,tracking,report]'
+	$(PIP) install -e '.[dev,torch,server,frameworks,ray,kubernetes,postgres,tracking,report]'
 	touch $@
 
 lint: $(VENV)/.installed-test

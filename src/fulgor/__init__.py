@@ -47,13 +47,14 @@ if TYPE_CHECKING:
     from fulgor.algorithms.apo import APO
     from fulgor.algorithms.grpo import GRPO
     from fulgor.algorithms.sft import SFT
-    from fulgor.training import RayRunners, Trainer
+    from fulgor.training import KubernetesRunners, RayRunners, Trainer
 
 # Loaded on first use, so that `import fulgor` stays small.
 _LAZY = {
     "APO": "fulgor.algorithms.apo",
     "Algorithm": "fulgor.algorithms",
     "GRPO": "fulgor.algorithms.grpo",
+    "KubernetesRunners": "fulgor.training",
     "SFT": "fulgor.algorithms.sft",
     "RayRunners": "fulgor.training",
     "Trainer": "fulgor.training",
@@ -71,6 +72,7 @@ __all__ = [
     "ConfigError",
     "FulgorError",
     "InvalidTransitionError",
+    "KubernetesRunners",
     "ModelCall",
     "NotFoundError",
     "PromptTemplate",

@@ -49,7 +49,7 @@ from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, error_rep
 from fulgor.store.client import TOKEN_ENV
 from fulgor.types import LLM, Resource, Rollout
 
-__all__ = ["ProgramResult", "SubprocessAgent"]
+__all__ = ["TASK_ENV_LIMIT_BYTES", "ProgramResult", "SubprocessAgent", "zero_code_environment"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _OUTPUT_LIMIT_BYTES = 64 * 1024
 _BODY_LIMIT_BYTES = 64 * 1024
 _ENDED_KEPT = 10_000  # ended attempts whose reward URL still answers 409 rather than 404
 # Linux's MAX_ARG_STRLEN (32 pages): one longer "NAME=value" string fails exec with E2BIG.
-_TASK_ENV_LIMIT_BYTES = 128 * 1024 - len("FULGOR_TASK=") - 1
+TASK_ENV_LIMIT_BYTES = 128 * 1024 - len("FULGOR_TASK=") - 1
 
 
 @dataclass(frozen=True)
@@ -132,28 +132,11 @@ class SubprocessAgent:
         env = {**os.environ, **self.env}
         # The program gets its attempt's credential (the llm resource's key), never the run's key.
         env.pop(TOKEN_ENV, None)
-        llm = resources.get("llm") or next((r for r in resources.values() if isinstance(r, LLM)), None)
-        if isinstance(llm, LLM):
-            root = llm.endpoint.rstrip("/").removesuffix("/v1")
-            env.update(
-                OPENAI_BASE_URL=llm.endpoint,
-                OPENAI_API_KEY=llm.api_key or "fulgor",
-                ANTHROPIC_API_KEY=llm.api_key or "fulgor",  # the gateway takes the same key as x-api-key
-                ANTHROPIC_BASE_URL=root,
-                FULGOR_BASE_URL=root,
-                FULGOR_MODEL=llm.model,
-            )
-        env.update(
-            FULGOR_RESOURCES=json.dumps({name: r.model_dump(mode="json") for name, r in resources.items()}),
-            FULGOR_REWARD_URL=reward_url,
-            FULGOR_ROLLOUT_ID=context.rollout_id,
-            FULGOR_ATTEMPT_ID=context.attempt_id,
-            FULGOR_TASK_FILE=task_path,
+        env.pop("FULGOR_TASK", None)  # not one inherited from the runner's own environment
+        zero_code = zero_code_environment(
+            resources, context.rollout_id, context.attempt_id, reward_url, task_json
         )
-        if len(task_json.encode()) <= _TASK_ENV_LIMIT_BYTES:
-            env["FULGOR_TASK"] = task_json
-        else:
-            env.pop("FULGOR_TASK", None)  # not one inherited from the runner's own environment
+        env.update(zero_code, FULGOR_TASK_FILE=task_path)
         return env
 
     async def _run_program(self, env: dict[str, str], task: Any) -> ProgramResult:
@@ -198,6 +181,34 @@ class SubprocessAgent:
                 continue
             except ProcessLookupError:
                 return
+
+
+def zero_code_environment(
+    resources: Mapping[str, Resource], rollout_id: str, attempt_id: str, reward_url: str, task_json: str
+) -> dict[str, str]:
+    """The variables of the table above that a program learns its rollout from (all but
+    ``FULGOR_TASK_FILE``); ``FULGOR_TASK`` only when ``task_json`` fits in one variable."""
+    env: dict[str, str] = {}
+    llm = resources.get("llm") or next((r for r in resources.values() if isinstance(r, LLM)), None)
+    if isinstance(llm, LLM):
+        root = llm.endpoint.rstrip("/").removesuffix("/v1")
+        env.update(
+            OPENAI_BASE_URL=llm.endpoint,
+            OPENAI_API_KEY=llm.api_key or "fulgor",
+            ANTHROPIC_API_KEY=llm.api_key or "fulgor",  # the gateway takes the same key as x-api-key
+            ANTHROPIC_BASE_URL=root,
+            FULGOR_BASE_URL=root,
+            FULGOR_MODEL=llm.model,
+        )
+    env.update(
+        FULGOR_RESOURCES=json.dumps({name: r.model_dump(mode="json") for name, r in resources.items()}),
+        FULGOR_REWARD_URL=reward_url,
+        FULGOR_ROLLOUT_ID=rollout_id,
+        FULGOR_ATTEMPT_ID=attempt_id,
+    )
+    if len(task_json.encode()) <= TASK_ENV_LIMIT_BYTES:
+        env["FULGOR_TASK"] = task_json
+    return env
 
 
 class _RewardEndpoint:

@@ -35,7 +35,7 @@ from fulgor.store.client import TOKEN_ENV
 from fulgor.store.writer import SpanWriter
 from fulgor.types import LLM, AttemptedRollout, AttemptStatus, JsonDict, Resource
 
-__all__ = ["Runner", "RunnerConfig", "default_worker_id", "gateway_base_url"]
+__all__ = ["Runner", "RunnerConfig", "attempt_resources", "default_worker_id", "gateway_base_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -194,20 +194,7 @@ class Runner:
         return "succeeded", None
 
     async def _resources_for(self, claimed: AttemptedRollout) -> dict[str, Resource]:
-        version = await self.store.get_resources(claimed.resources_id)
-        resources: dict[str, Resource] = dict(version.resources) if version else {}
-        gateway = self.config.gateway_url
-        if gateway is not None:
-            url = gateway_base_url(gateway, claimed.rollout_id, claimed.attempt.attempt_id)
-            # The run's key as `fulgor serve` and `fulgor gateway` read it (stripped alike).
-            key = self.config.operator_key or os.environ.get(TOKEN_ENV, "").strip() or None
-            attempt_id = claimed.attempt.attempt_id
-            credential = None if key is None else attempt_credential(key, claimed.rollout_id, attempt_id)
-            update = {"endpoint": url, "api_key": credential}
-            for name, resource in resources.items():
-                if isinstance(resource, LLM):
-                    resources[name] = resource.model_copy(update=update)
-        return resources
+        return await attempt_resources(self.store, claimed, self.config.gateway_url, self.config.operator_key)
 
     async def _report(
         self,
@@ -311,6 +298,27 @@ class Runner:
             if mine is not None and not mine.is_live and not task.done():
                 logger.info("stopping rollout %s: its attempt is %s", claimed.rollout_id, mine.status)
                 task.cancel()
+
+
+async def attempt_resources(
+    store: Store, claimed: AttemptedRollout, gateway_url: str | None, operator_key: str | None
+) -> dict[str, Resource]:
+    """The resources the agent of ``claimed`` gets: its resources version, and with a
+    ``gateway_url`` every LLM's endpoint its attempt's gateway URL and its key the attempt's
+    credential (derived from ``operator_key``, else ``$FULGOR_TOKEN``; none without either)."""
+    version = await store.get_resources(claimed.resources_id)
+    resources: dict[str, Resource] = dict(version.resources) if version else {}
+    if gateway_url is not None:
+        url = gateway_base_url(gateway_url, claimed.rollout_id, claimed.attempt.attempt_id)
+        # The run's key as `fulgor serve` and `fulgor gateway` read it (stripped alike).
+        key = operator_key or os.environ.get(TOKEN_ENV, "").strip() or None
+        attempt_id = claimed.attempt.attempt_id
+        credential = None if key is None else attempt_credential(key, claimed.rollout_id, attempt_id)
+        update = {"endpoint": url, "api_key": credential}
+        for name, resource in resources.items():
+            if isinstance(resource, LLM):
+                resources[name] = resource.model_copy(update=update)
+    return resources
 
 
 def _install_opentelemetry_bridge() -> None:

@@ -25,6 +25,7 @@ from fulgor.server.draining import Draining
 from fulgor.server.http import Answer, ASGIApp, Receive, Scope, Send
 from fulgor.server.openapi import build_spec, json_content, ref
 from fulgor.server.otlp import otlp_route
+from fulgor.server.rewards import reward_route
 from fulgor.server.routing import Mount, Route, Router
 from fulgor.server.store_api import StoreState, store_routes
 from fulgor.store import http_api as api
@@ -46,6 +47,8 @@ def create_app(config: ServerConfig) -> App:
         health_route(),
     ]
     secured = config.token is not None
+    if config.token is not None:
+        routes.append(reward_route(config.store, config.token))
     routes.append(_spec_route(tuple(routes), secured=secured))
     if config.pages is not None:
         routes += config.pages.routes()

@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +85,8 @@ class SimulatedKubernetesAPI:
         self._lock = threading.Lock()
         self.creations: list[tuple[str, float]] = []
         """Each Job created, as (name, monotonic time of its creation), in order."""
+        self.created: list[dict[str, Any]] = []
+        """Each Job created, as the API answered its creation (copies), in order."""
         self.deletions: list[tuple[str, str | None]] = []
         """Each Job deleted, as (name, the propagationPolicy asked for)."""
 
@@ -145,7 +147,10 @@ class SimulatedKubernetesAPI:
             "clusters": [{"name": "simulated", "cluster": {"server": self.url}}],
             "users": [{"name": "simulated", "user": user}],
             "contexts": [
-                {"name": "simulated", "context": {"cluster": "simulated", "user": "simulated", "namespace": namespace}}
+                {
+                    "name": "simulated",
+                    "context": {"cluster": "simulated", "user": "simulated", "namespace": namespace},
+                }
             ],
             "current-context": "simulated",
         }
@@ -162,7 +167,9 @@ class SimulatedKubernetesAPI:
     def processes_running(self) -> int:
         """How many Jobs' processes have not exited."""
         with self._lock:
-            return sum(1 for j in self._jobs.values() if j.process is not None and j.process.returncode is None)
+            return sum(
+                1 for j in self._jobs.values() if j.process is not None and j.process.returncode is None
+            )
 
     def output(self, name: str, namespace: str = "default") -> str:
         """What the Job's process wrote (stdout and stderr), its last 16 KiB."""
@@ -208,7 +215,9 @@ class SimulatedKubernetesAPI:
         metadata = body.setdefault("metadata", {})
         if metadata.get("namespace", namespace) != namespace:
             return _status(
-                400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request"
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
             )
         problem = _invalid(body)
         name = str(metadata.get("name") or "")
@@ -229,6 +238,7 @@ class SimulatedKubernetesAPI:
         with self._lock:
             self._jobs[(namespace, name)] = job
             self.creations.append((name, job.created_monotonic))
+            self.created.append(copy.deepcopy(body))
         job.task = asyncio.get_running_loop().create_task(self._run(job))
         return _json(201, body)
 
@@ -271,7 +281,10 @@ class SimulatedKubernetesAPI:
             return _status(404, "NotFound", f'jobs.batch "{name}" not found', name=name)
         await self._end_process(job)
         details = {"name": name, "group": "batch", "kind": "jobs", "uid": job.body["metadata"]["uid"]}
-        return _json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+        return _json(
+            200,
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details},
+        )
 
     # -- running Jobs -----------------------------------------------------------------------------
 
@@ -303,17 +316,28 @@ class SimulatedKubernetesAPI:
                 code = await job.process.wait()
         except TimeoutError:
             await self._end_process(job)
-            self._finish(job, started, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
+            self._finish(
+                job, started, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline"
+            )
             return
         _kill_group(job.process.pid)  # what the program left running goes with its pod
         if code == 0:
             self._finish(job, started, "Complete", None, None)
         else:
-            self._finish(job, started, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            self._finish(
+                job, started, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+            )
 
-    def _finish(self, job: SimulatedJob, started: datetime, kind: str, reason: str | None, message: str | None) -> None:
+    def _finish(
+        self, job: SimulatedJob, started: datetime, kind: str, reason: str | None, message: str | None
+    ) -> None:
         now = _now()
-        condition: dict[str, Any] = {"type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now}
+        condition: dict[str, Any] = {
+            "type": kind,
+            "status": "True",
+            "lastProbeTime": now,
+            "lastTransitionTime": now,
+        }
         if reason is not None:
             condition.update(reason=reason, message=message)
         status: dict[str, Any] = {"startTime": _now(started), "conditions": [condition], "ready": 0}
@@ -357,23 +381,23 @@ def _invalid(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _selector(text: str) -> Any:
+def _selector(text: str) -> Callable[[Mapping[str, str]], bool]:
     """A predicate over labels for a label selector (equality and existence requirements)."""
-    tests = []
-    for requirement in filter(None, (part.strip() for part in text.split(","))):
-        for operator in ("!=", "==", "="):
-            if operator in requirement:
-                key, value = (s.strip() for s in requirement.split(operator, 1))
-                if not key:
-                    raise ValueError(requirement)
-                equal = operator != "!="
-                tests.append(lambda labels, k=key, v=value, e=equal: (labels.get(k) == v) == e)
-                break
-        else:
-            absent = requirement.startswith("!")
-            key = requirement.removeprefix("!").strip()
-            tests.append(lambda labels, k=key, a=absent: (k in labels) != a)
-    return lambda labels: all(test(labels) for test in tests)
+    requirements = [_requirement(part.strip()) for part in text.split(",") if part.strip()]
+    return lambda labels: all(requirement(labels) for requirement in requirements)
+
+
+def _requirement(text: str) -> Callable[[Mapping[str, str]], bool]:
+    for operator in ("!=", "==", "="):
+        if operator in text:
+            key, value = (side.strip() for side in text.split(operator, 1))
+            if not key:
+                raise ValueError(text)
+            equal = operator != "!="
+            return lambda labels: (labels.get(key) == value) == equal
+    absent = text.startswith("!")
+    key = text.removeprefix("!").strip()
+    return lambda labels: (key in labels) != absent
 
 
 def _status(code: int, reason: str, message: str, *, name: str | None = None) -> HttpReply:

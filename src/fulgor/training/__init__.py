@@ -9,8 +9,16 @@ WandbTracker(...)]`` send each step's metrics on (``fulgor[tracking]``). Needs `
 from __future__ import annotations
 
 from fulgor.training.reports import DevReport, RolloutReport
-from fulgor.training.runners import RayRunners
+from fulgor.training.runners import KubernetesRunners, RayRunners
 from fulgor.training.tracking import TensorBoardTracker, WandbTracker
 from fulgor.training.trainer import Trainer
 
-__all__ = ["DevReport", "RayRunners", "RolloutReport", "TensorBoardTracker", "Trainer", "WandbTracker"]
+__all__ = [
+    "DevReport",
+    "KubernetesRunners",
+    "RayRunners",
+    "RolloutReport",
+    "TensorBoardTracker",
+    "Trainer",
+    "WandbTracker",
+]

@@ -1,5 +1,6 @@
 """The trainer's runners: a process pool when child processes can import the agent, else in-process;
-or Ray actors (``Trainer(runners=RayRunners(...))``).
+or Ray actors (``Trainer(runners=RayRunners(...))``); or one Kubernetes Job per rollout attempt
+(``Trainer(runners=KubernetesRunners(...))``).
 
 A ``@fulgor.rollout`` function defined at module level is importable by its ``module:qualname``, so
 ``n_runners`` processes run it (a :class:`~fulgor.runner.pool.RunnerPool`).
@@ -8,6 +9,9 @@ another function) runs in ``n_runners`` :class:`~fulgor.runner.Runner` loops on 
 event loop. With :class:`RayRunners`, ``n_runners`` actors of a
 :class:`~fulgor.runner.ray_pool.RayRunnerPool` run it, on a Ray instance the session starts or a
 cluster it joins.
+
+With :class:`KubernetesRunners`, a :class:`~fulgor.runner.kubernetes_jobs.JobDispatcher` on the
+trainer's event loop runs each attempt of a :class:`~fulgor.runner.SubprocessAgent` as a Job.
 
 Every kind stops cleanly: running rollouts get the grace period, then are cancelled and their
 attempts marked failed; no process or actor is left behind.
@@ -30,12 +34,14 @@ from typing import Any, Protocol
 from fulgor.agent.base import RolloutFunction, Runnable
 from fulgor.errors import ConfigError, FulgorError
 from fulgor.runner.pool import PoolConfig, load_agent
+from fulgor.runner.subprocess_agent import SubprocessAgent
 from fulgor.runner.worker import Runner, RunnerConfig, default_worker_id
 from fulgor.store.base import Store
 from fulgor.store.client import TOKEN_ENV
 
 __all__ = [
     "InProcessRunners",
+    "KubernetesRunners",
     "ProcessRunners",
     "RayRunnerGroup",
     "RayRunners",
@@ -97,6 +103,117 @@ class RayRunners:
     ) -> RayRunnerGroup:
         """Start ``n_runners`` actors of ``agent`` (a ``module:qualname`` or the agent itself)."""
         return RayRunnerGroup(self, agent, store_url, PoolConfig(n_runners=n_runners, runner=config))
+
+
+@dataclass(frozen=True)
+class KubernetesRunners:
+    """Run each rollout attempt as a Kubernetes Job (``pip install 'fulgor[kubernetes]'``).
+
+    ``template`` is the text of a Jinja template that renders a ``batch/v1`` Job in YAML (it may
+    use ``{{ run }}``, ``{{ namespace }}``, ``{{ job_name }}``, ``{{ rollout_id }}`` and
+    ``{{ attempt_id }}``); every field of it is kept but those fulgor sets: the Job's name and
+    namespace, the labels and annotations ``fulgor.dev/run``, ``fulgor.dev/rollout-id`` and
+    ``fulgor.dev/attempt-id``, ``backoffLimit: 0``, ``restartPolicy: Never``,
+    ``activeDeadlineSeconds`` (the rollout's ``timeout_seconds``, rounded up) and the zero-code
+    environment in the container named ``container`` (else the first). The agent must be a
+    :class:`~fulgor.runner.SubprocessAgent`: its command runs in that container unless the
+    template gives one, with its ``env``. ``run`` names this run's Jobs and labels them: Jobs of
+    the run whose attempts are not live in the store are deleted, so each run that shares a
+    namespace needs its own.
+
+    The pods reach the trainer's store server and gateway at ``server_url``; the session serves
+    them on ``listen_host:listen_port`` (its operator key guards them: pods get only their
+    attempts' credentials). ``server_url`` None means the address it listens on, which must then be
+    one the pods reach (never a wildcard such as ``0.0.0.0``). At most ``max_jobs`` Jobs exist at
+    once (None: the trainer's ``n_runners`` x ``max_concurrency``), created at most
+    ``max_jobs_per_second``; the run's Jobs are listed every ``poll_seconds``. The client is
+    configured from the pod's service account in a cluster, else from ``kubeconfig`` (None:
+    ``$KUBECONFIG`` or ``~/.kube/config``) and its ``context``.
+    """
+
+    template: str
+    run: str
+    namespace: str = "default"
+    server_url: str | None = None
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+    max_jobs: int | None = None
+    max_jobs_per_second: float = 5.0
+    poll_seconds: float = 2.0
+    kubeconfig: str | None = None
+    context: str | None = None
+    container: str | None = None
+
+    def __post_init__(self) -> None:
+        from fulgor.runner.kubernetes_jobs import check_run_name
+
+        check_run_name(self.run)
+        if self.max_jobs is not None and self.max_jobs < 1:
+            raise ConfigError(f"max_jobs must be >= 1 (or None), got {self.max_jobs}")
+        if self.max_jobs_per_second <= 0 or self.poll_seconds <= 0:
+            raise ConfigError("max_jobs_per_second and poll_seconds must be > 0")
+        if self.server_url is None and self.listen_host in ("0.0.0.0", "::", ""):
+            raise ConfigError(
+                f"listening on {self.listen_host!r}, the session needs server_url: the URL the Jobs' pods "
+                "reach this machine at (e.g. http://trainer.NAMESPACE.svc:8474)"
+            )
+
+    async def start(
+        self, agent: Runnable, store: Store, server_url: str, n_runners: int, config: RunnerConfig
+    ) -> KubernetesRunnerGroup:
+        """Reconcile the run's Jobs and start dispatching ``agent``'s attempts as Jobs; the pods
+        reach the session at ``self.server_url``, else at ``server_url`` (where it listens)."""
+        from fulgor.runner.kubernetes_jobs import JobDispatcher, JobSettings, load_batch_api
+
+        if not isinstance(agent, SubprocessAgent):
+            raise ConfigError(
+                "Kubernetes Jobs run a program: pass a fulgor.SubprocessAgent([...]) (its command runs in "
+                f"the Job's container unless the template gives one), got {type(agent).__name__}"
+            )
+        if agent.reward_fn is not None:
+            raise ConfigError(
+                "a SubprocessAgent's reward_fn runs beside its program, and a Job's program runs alone: "
+                "post the reward from the program to $FULGOR_REWARD_URL instead"
+            )
+        if config.operator_key is None:
+            raise ConfigError("Kubernetes runners need the session's operator key to hand out credentials")
+        settings = JobSettings(
+            template=self.template,
+            run=self.run,
+            namespace=self.namespace,
+            server_url=self.server_url or server_url,
+            operator_key=config.operator_key,
+            command=tuple(agent.command),
+            env=dict(agent.env),
+            working_dir=agent.cwd,
+            container=self.container,
+            max_jobs=self.max_jobs or n_runners * config.max_concurrency,
+            max_jobs_per_second=self.max_jobs_per_second,
+            poll_seconds=self.poll_seconds,
+            claim_wait_seconds=config.claim_wait_seconds,
+        )
+        api = await asyncio.to_thread(load_batch_api, self.kubeconfig, self.context)
+        dispatcher = JobDispatcher(settings, store, api)
+        await dispatcher.start()
+        return KubernetesRunnerGroup(dispatcher, agent.name)
+
+
+class KubernetesRunnerGroup:
+    """The Job dispatcher a session started, as a :class:`RunnerGroup`."""
+
+    def __init__(self, dispatcher: Any, agent_name: str) -> None:
+        settings = dispatcher.settings
+        self.description = (
+            f"Kubernetes Jobs (up to {settings.max_jobs} at once) for agent {agent_name!r} in namespace "
+            f"{settings.namespace}, run {settings.run}, reaching the trainer at {settings.server_url}"
+        )
+        self._dispatcher = dispatcher
+
+    def check(self) -> None:
+        self._dispatcher.check()
+
+    async def stop(self) -> None:
+        await self._dispatcher.stop()
 
 
 def start_runners(

@@ -29,7 +29,7 @@ from fulgor.credentials import new_operator_key
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
-from fulgor.training.runners import RayRunners, RunnerGroup, start_runners
+from fulgor.training.runners import KubernetesRunners, RayRunners, RunnerGroup, start_runners
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig, LocalEngine
@@ -120,7 +120,7 @@ async def start_services(
     owns_store: bool,
     model_name: str | None = None,
     adapters: Mapping[str, Path] | None = None,
-    runners_backend: RayRunners | None = None,
+    runners_backend: RayRunners | KubernetesRunners | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
@@ -128,7 +128,8 @@ async def start_services(
     ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
     served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
     adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
-    ``runners_backend`` runs the runners as Ray actors instead of local processes.
+    ``runners_backend`` runs the runners as Ray actors instead of local processes, or each attempt as
+    a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say).
     """
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
@@ -163,11 +164,22 @@ async def start_services(
         gateway = create_gateway_app(store, [upstream], gateway_config)
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
         app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
-        server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
+        sock = None
+        if isinstance(runners_backend, KubernetesRunners):  # where the Jobs' pods reach it
+            from fulgor.net.sockets import bind_socket
+
+            sock = bind_socket(runners_backend.listen_host, runners_backend.listen_port)
+        served_at = serve_asgi(app, sock, on_shutdown=app.draining.begin)
+        server_url = await stack.enter_async_context(served_at)
         runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
-        runners = start_runners(
-            agent, store, server_url, n_runners, runner_config, runner_log, backend=runners_backend
-        )
+        runners: RunnerGroup
+        if isinstance(runners_backend, KubernetesRunners):
+            runners = await runners_backend.start(agent, store, server_url, n_runners, runner_config)
+            logger.info("started %s", runners.description)
+        else:
+            runners = start_runners(
+                agent, store, server_url, n_runners, runner_config, runner_log, backend=runners_backend
+            )
         stack.push_async_callback(runners.stop)
         where = "upstream" if engine is None else "engine"
         logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)

@@ -66,7 +66,7 @@ from fulgor.training.rollouts import (
     validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
-from fulgor.training.runners import RayRunners
+from fulgor.training.runners import KubernetesRunners, RayRunners
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
@@ -109,8 +109,10 @@ class Trainer:
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop; with ``runners=RayRunners(...)``, as Ray actors
     (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
-    whose nodes are this machine). ``rollout_config`` sets each rollout's timeout and
-    retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
+    whose nodes are this machine); with ``runners=KubernetesRunners(...)``, each attempt of a
+    ``SubprocessAgent`` as a Kubernetes Job (:class:`~fulgor.training.runners.KubernetesRunners`:
+    at most ``n_runners`` x ``max_concurrency`` Jobs at once). ``rollout_config`` sets each
+    rollout's timeout and retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
 
@@ -134,7 +136,7 @@ class Trainer:
         run_dir: str | Path = "runs/default",
         store: Store | None = None,
         n_runners: int = 2,
-        runners: RayRunners | None = None,
+        runners: RayRunners | KubernetesRunners | None = None,
         max_concurrency: int = 8,
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
@@ -159,9 +161,10 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.store = store
         self.n_runners = n_runners
-        if runners is not None and not isinstance(runners, RayRunners):
+        if runners is not None and not isinstance(runners, RayRunners | KubernetesRunners):
             raise ConfigError(
-                f"runners must be None (local processes) or fulgor.RayRunners(...), got {runners!r}"
+                "runners must be None (local processes), fulgor.RayRunners(...) or "
+                f"fulgor.KubernetesRunners(...), got {runners!r}"
             )
         self.runners = runners
         # A short claim long-poll: stopping a runner waits for its claim in flight to return.

@@ -118,5 +118,8 @@ def test_the_trainer_takes_ray_runners_or_none_and_says_so_otherwise() -> None:
         Trainer(algorithm=GRPO(), upstream="http://127.0.0.1:9/v1", runners=RayRunners()).runners
         == RayRunners()
     )
-    with pytest.raises(ConfigError, match=r"runners must be None \(local processes\) or fulgor\.RayRunners"):
+    with pytest.raises(
+        ConfigError,
+        match=r"runners must be None \(local processes\), fulgor\.RayRunners\(\.\.\.\) or fulgor\.Kub",
+    ):
         Trainer(algorithm=GRPO(), upstream="http://127.0.0.1:9/v1", runners="ray")  # type: ignore[arg-type]

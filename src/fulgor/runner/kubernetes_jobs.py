@@ -1,0 +1,512 @@
+"""Rollouts as Kubernetes Jobs: one Job per attempt, rendered from the user's template, created and
+watched with the official ``kubernetes`` client (``pip install 'fulgor[kubernetes]'``).
+
+:class:`JobDispatcher` claims each rollout from the store on the trainer's event loop and creates
+one Job for its attempt. The Job's pod runs a zero-code program (a
+:class:`~fulgor.runner.SubprocessAgent`'s command, or the template's own) with the zero-code
+environment (:func:`~fulgor.runner.subprocess_agent.zero_code_environment`): its attempt's gateway
+URL and credential (never the operator key), its task, its resources, and a reward URL on the
+trainer's server (:mod:`fulgor.server.rewards`). :func:`render_job` keeps every field of the
+template and sets what fulgor governs: the Job's name, the labels ``fulgor.dev/run``,
+``fulgor.dev/rollout-id`` and ``fulgor.dev/attempt-id`` (on the Job and its pod; the exact ids are
+annotations too), ``backoffLimit: 0`` and ``restartPolicy: Never`` (fulgor's own retries govern,
+per ``RolloutConfig.max_attempts``), and ``activeDeadlineSeconds`` from the rollout's
+``timeout_seconds``.
+
+Creations are spaced by ``max_jobs_per_second``. Every ``poll_seconds`` the dispatcher lists the
+run's Jobs (by the run label), heartbeats the attempts whose Jobs run, and records each finished
+Job's outcome: ``Complete`` succeeds its attempt, ``Failed`` fails it with an error naming the Job
+(``DeadlineExceeded`` times it out); then the Job is deleted. A Job labelled for this run whose
+attempt is no longer live (an earlier session's, a cancelled rollout's, one the watchdog ended) is
+deleted too (orphans reconciled), at start and at every poll. Stopping fails the attempts still
+running and deletes every Job of the run (``propagationPolicy: Background``, so their pods go too).
+
+What it does not know: the trainer, the gateway, how the pods reach the trainer (the URL it is
+given), or what runs in the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fulgor.credentials import attempt_credential
+from fulgor.errors import ConfigError, FulgorError, InvalidTransitionError, NotFoundError
+from fulgor.runner.subprocess_agent import TASK_ENV_LIMIT_BYTES, zero_code_environment
+from fulgor.runner.worker import attempt_resources, default_worker_id
+from fulgor.store.base import Store
+from fulgor.types import AttemptedRollout, AttemptStatus
+
+__all__ = [
+    "LABEL_ATTEMPT",
+    "LABEL_ROLLOUT",
+    "LABEL_RUN",
+    "JobDispatcher",
+    "JobSettings",
+    "load_batch_api",
+    "render_job",
+    "reward_url",
+]
+
+logger = logging.getLogger(__name__)
+
+LABEL_RUN = "fulgor.dev/run"
+LABEL_ROLLOUT = "fulgor.dev/rollout-id"
+LABEL_ATTEMPT = "fulgor.dev/attempt-id"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+def check_run_name(run: str) -> None:
+    """ConfigError unless ``run`` can name Jobs and label them (a DNS label of at most 40 characters)."""
+    if not _RUN_NAME.fullmatch(run):
+        raise ConfigError(
+            f"run {run!r} must be 1-40 lower-case letters, digits and '-', starting and ending with a "
+            "letter or digit: it names the run's Jobs and labels them (fulgor.dev/run)"
+        )
+
+
+def job_name(run: str, attempt_id: str) -> str:
+    """The Job of one attempt: ``RUN-ATTEMPT_ID``, or ``RUN-HASH`` for an id no DNS label can hold."""
+    name = f"{run}-{attempt_id}"
+    if _DNS_LABEL.fullmatch(name):
+        return name
+    return f"{run}-{hashlib.sha256(attempt_id.encode()).hexdigest()[:20]}"
+
+
+def _label_value(value: str) -> str:
+    return value if _LABEL_VALUE.fullmatch(value) else hashlib.sha256(value.encode()).hexdigest()[:40]
+
+
+def reward_url(server_url: str, rollout_id: str, attempt_id: str, credential: str) -> str:
+    """The attempt's reward URL on the trainer's server (:mod:`fulgor.server.rewards`)."""
+    return f"{server_url.rstrip('/')}/v1/rewards/{rollout_id}/{attempt_id}/{credential}"
+
+
+def render_job(
+    template: str,
+    *,
+    run: str,
+    namespace: str,
+    rollout_id: str,
+    attempt_id: str,
+    timeout_seconds: float | None,
+    env: Mapping[str, str],
+    command: Sequence[str] = (),
+    working_dir: str | None = None,
+    container: str | None = None,
+) -> dict[str, Any]:
+    """The Job of one attempt: the Jinja ``template`` rendered (with ``run``, ``namespace``,
+    ``job_name``, ``rollout_id``, ``attempt_id``) and read as YAML, with fulgor's fields set (see
+    the module docstring). ``env`` goes to the container named ``container`` (else the first),
+    replacing variables of the same names; ``command`` and ``working_dir`` fill in what that
+    container does not give. ConfigError, naming what to fix, for a template that is no Job."""
+    import jinja2
+    import yaml
+
+    name = job_name(run, attempt_id)
+    values = {
+        "run": run,
+        "namespace": namespace,
+        "job_name": name,
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+    }
+    try:
+        text = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template).render(values)
+        job = yaml.safe_load(text)
+    except (jinja2.TemplateError, yaml.YAMLError) as error:
+        raise ConfigError(f"the Job template does not render to YAML: {error}") from error
+    if not isinstance(job, dict) or job.get("kind", "Job") != "Job":
+        raise ConfigError(
+            "the Job template must render a batch/v1 Job (kind: Job, spec.template.spec.containers)"
+        )
+    job.update(apiVersion="batch/v1", kind="Job")
+    labels = {
+        LABEL_RUN: run,
+        LABEL_ROLLOUT: _label_value(rollout_id),
+        LABEL_ATTEMPT: _label_value(attempt_id),
+    }
+    annotations = {LABEL_ROLLOUT: rollout_id, LABEL_ATTEMPT: attempt_id}
+    metadata = _mapping(job, "metadata", "metadata")
+    metadata.update(name=name, namespace=namespace)
+    _mapping(metadata, "labels", "metadata.labels").update(labels)
+    _mapping(metadata, "annotations", "metadata.annotations").update(annotations)
+    spec = _mapping(job, "spec", "spec")
+    spec["backoffLimit"] = 0
+    if timeout_seconds is not None:
+        spec["activeDeadlineSeconds"] = max(1, math.ceil(timeout_seconds))
+    pod_template = _mapping(spec, "template", "spec.template")
+    _mapping(
+        _mapping(pod_template, "metadata", "spec.template.metadata"),
+        "labels",
+        "spec.template.metadata.labels",
+    ).update(labels)
+    pod = _mapping(pod_template, "spec", "spec.template.spec")
+    pod["restartPolicy"] = "Never"
+    target = _container(pod, container)
+    kept = [e for e in target.get("env") or [] if not (isinstance(e, dict) and e.get("name") in env)]
+    target["env"] = kept + [{"name": key, "value": value} for key, value in env.items()]
+    if not target.get("command") and command:
+        target["command"] = list(command)
+    if working_dir is not None:
+        target.setdefault("workingDir", working_dir)
+    return job
+
+
+def _mapping(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = parent.setdefault(key, {})
+    if value is None:
+        value = parent[key] = {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"the Job template's {where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _container(pod: dict[str, Any], name: str | None) -> dict[str, Any]:
+    containers = pod.get("containers")
+    if not isinstance(containers, list) or not containers or not all(isinstance(c, dict) for c in containers):
+        raise ConfigError(
+            "the Job template needs spec.template.spec.containers: a list with the agent's container"
+        )
+    if name is None:
+        first: dict[str, Any] = containers[0]
+        return first
+    for container in containers:
+        if container.get("name") == name:
+            found: dict[str, Any] = container
+            return found
+    raise ConfigError(
+        f"the Job template has no container named {name!r}: it has {[c.get('name') for c in containers]}"
+    )
+
+
+def load_batch_api(kubeconfig: str | None, context: str | None) -> Any:
+    """A ``kubernetes.client.BatchV1Api``: from the pod's service account when in a cluster and no
+    ``kubeconfig`` is named, else from ``kubeconfig`` (None: ``$KUBECONFIG`` or ``~/.kube/config``)."""
+    import os
+
+    try:
+        from kubernetes import client
+        from kubernetes import config as kube_config
+    except ImportError as missing:
+        raise ConfigError(
+            "Kubernetes runners need the official client: pip install 'fulgor[kubernetes]'"
+        ) from missing
+    config: Any = kube_config  # untyped
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+    except (config.ConfigException, OSError) as error:
+        raise ConfigError(
+            f"cannot load the Kubernetes configuration ({kubeconfig or 'default'}): {error}"
+        ) from error
+    return client.BatchV1Api(client.ApiClient(configuration))
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the dispatcher needs beyond the store: see :class:`~fulgor.training.runners.KubernetesRunners`."""
+
+    template: str
+    run: str
+    namespace: str
+    server_url: str
+    operator_key: str
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    working_dir: str | None = None
+    container: str | None = None
+    max_jobs: int = 1
+    max_jobs_per_second: float = 5.0
+    poll_seconds: float = 2.0
+    claim_wait_seconds: float = 5.0
+
+
+@dataclass
+class _Running:
+    claimed: AttemptedRollout
+    job_name: str
+    created_monotonic: float | None = None
+
+
+class JobDispatcher:
+    """Claims rollouts and runs each attempt as a Job; see the module docstring. ``api`` is a
+    ``kubernetes.client.BatchV1Api`` (its blocking calls run on threads)."""
+
+    def __init__(self, settings: JobSettings, store: Store, api: Any) -> None:
+        check_run_name(settings.run)
+        self.settings = settings
+        self.store = store
+        self.api = api
+        self.worker_id = f"k8s-{settings.run}-{default_worker_id()}"
+        self._running: dict[str, _Running] = {}  # by attempt id
+        self._slot_freed = asyncio.Event()
+        self._next_creation = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Reconcile the run's Jobs left from before (a first failure to reach the API raises), then
+        claim and watch in the background."""
+        await self._sync()
+        self._tasks = [
+            asyncio.create_task(self._dispatch_loop(), name="fulgor-k8s-dispatch"),
+            asyncio.create_task(self._watch_loop(), name="fulgor-k8s-watch"),
+        ]
+
+    def check(self) -> None:
+        for task in self._tasks:
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                raise FulgorError(f"the Kubernetes Job dispatcher stopped unexpectedly: {error!r}")
+
+    async def stop(self) -> None:
+        """Stop claiming and watching, fail the attempts still running, delete every Job of the run."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for running in list(self._running.values()):
+            error = f"the trainer stopped before Job {running.job_name} finished"
+            await self._report(running, "failed", error)
+        try:
+            jobs = await self._list_jobs()
+        except FulgorError as failure:
+            logger.error("could not list the run's Jobs to delete them: %s", failure)
+            return
+        for job in jobs:
+            await self._delete(job.metadata.name)
+
+    # -- claiming and creating ----------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            free = self.settings.max_jobs - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            try:
+                claimed_now = await self.store.claim(
+                    self.worker_id, limit=free, wait_seconds=self.settings.claim_wait_seconds
+                )
+            except FulgorError as failure:
+                logger.warning(
+                    "claim failed (%s); retrying in %.1fs", failure, self.settings.claim_wait_seconds
+                )
+                await asyncio.sleep(self.settings.claim_wait_seconds)
+                continue
+            for claimed in claimed_now:
+                running = _Running(claimed, job_name(self.settings.run, claimed.attempt.attempt_id))
+                self._running[claimed.attempt.attempt_id] = running
+                await self._wait_for_rate()
+                await self._create(running)
+
+    async def _wait_for_rate(self) -> None:
+        now = time.monotonic()
+        if self._next_creation > now:
+            await asyncio.sleep(self._next_creation - now)
+        self._next_creation = max(now, self._next_creation) + 1.0 / self.settings.max_jobs_per_second
+
+    async def _create(self, running: _Running) -> None:
+        claimed, settings = running.claimed, self.settings
+        rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+        try:
+            env = await self._environment(claimed)
+            job = render_job(
+                settings.template,
+                run=settings.run,
+                namespace=settings.namespace,
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                timeout_seconds=claimed.config.timeout_seconds,
+                env=env,
+                command=settings.command,
+                working_dir=settings.working_dir,
+                container=settings.container,
+            )
+            running.created_monotonic = time.monotonic()
+            await self._call(
+                "create", running.job_name, self.api.create_namespaced_job, settings.namespace, job
+            )
+        except FulgorError as failure:
+            logger.error("rollout %s: %s", rollout_id, failure)
+            await self._report(running, "failed", f"{type(failure).__name__}: {failure}")
+            return
+        with contextlib.suppress(InvalidTransitionError, NotFoundError):  # the store may have ended it
+            await self.store.update_attempt(rollout_id, attempt_id, status="running")
+        logger.info("rollout %s attempt %s runs as Job %s", rollout_id, attempt_id, running.job_name)
+
+    async def _environment(self, claimed: AttemptedRollout) -> dict[str, str]:
+        settings = self.settings
+        rollout_id, attempt_id = claimed.rollout_id, claimed.attempt.attempt_id
+        resources = await attempt_resources(self.store, claimed, settings.server_url, settings.operator_key)
+        task_json = json.dumps(claimed.input)
+        if len(task_json.encode()) > TASK_ENV_LIMIT_BYTES:
+            raise ConfigError(
+                f"the task is {len(task_json.encode())} bytes as JSON: a Job passes it in FULGOR_TASK, which "
+                f"holds at most {TASK_ENV_LIMIT_BYTES}; pass a reference (a path or key) in the task instead"
+            )
+        credential = attempt_credential(settings.operator_key, rollout_id, attempt_id)
+        url = reward_url(settings.server_url, rollout_id, attempt_id, credential)
+        return {
+            **(settings.env or {}),
+            **zero_code_environment(resources, rollout_id, attempt_id, url, task_json),
+        }
+
+    # -- watching, reconciling -----------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.poll_seconds)
+            try:
+                await self._sync()
+            except FulgorError as failure:
+                logger.warning(
+                    "could not read the run's Jobs (%s); trying again in %.1fs",
+                    failure,
+                    self.settings.poll_seconds,
+                )
+
+    async def _sync(self) -> None:
+        """Heartbeat the running attempts, record finished Jobs, delete orphans, fail vanished Jobs."""
+        listed_at = time.monotonic()
+        jobs = await self._list_jobs()
+        if self._running:
+            await self.store.heartbeat(
+                self.worker_id, {"active": len(self._running)}, attempt_ids=list(self._running)
+            )
+        seen: set[str] = set()
+        for job in jobs:
+            attempt_id = (job.metadata.annotations or {}).get(LABEL_ATTEMPT)
+            rollout_id = (job.metadata.annotations or {}).get(LABEL_ROLLOUT)
+            running = self._running.get(attempt_id or "")
+            if running is None:
+                if not await self._is_live(rollout_id, attempt_id):
+                    logger.info("deleting Job %s: its attempt is not running", job.metadata.name)
+                    await self._delete(job.metadata.name)
+                continue
+            seen.add(running.claimed.attempt.attempt_id)
+            await self._follow(running, job)
+        for attempt_id, running in list(self._running.items()):
+            created = running.created_monotonic
+            if attempt_id not in seen and created is not None and created < listed_at:
+                where = f"namespace {self.settings.namespace}"
+                error = f"Job {running.job_name} disappeared from {where} before it finished"
+                await self._report(running, "failed", error)
+
+    async def _follow(self, running: _Running, job: Any) -> None:
+        """Record a finished Job's outcome and delete it; delete a Job whose attempt the store ended."""
+        name = running.job_name
+        for condition in job.status.conditions or [] if job.status else []:
+            if condition.status != "True" or condition.type not in ("Complete", "Failed"):
+                continue
+            if condition.type == "Complete":
+                await self._report(running, "succeeded", None)
+            elif condition.reason == "DeadlineExceeded":
+                deadline = job.spec.active_deadline_seconds
+                await self._report(
+                    running, "timeout", f"Job {name} ran past its activeDeadlineSeconds ({deadline})"
+                )
+            else:
+                why = f"{condition.reason}: {condition.message}" if condition.reason else "no reason given"
+                where = f"namespace {self.settings.namespace}"
+                error = f"Job {name} in {where} failed ({why}); its pod's log says why"
+                await self._report(running, "failed", error)
+            await self._delete(name)
+            return
+        claimed = running.claimed
+        if not await self._is_live(claimed.rollout_id, claimed.attempt.attempt_id):
+            logger.info("deleting Job %s: the store ended its attempt", name)
+            self._forget(claimed.attempt.attempt_id)
+            await self._delete(name)
+
+    async def _is_live(self, rollout_id: str | None, attempt_id: str | None) -> bool:
+        if rollout_id is None or attempt_id is None:
+            return False
+        try:
+            attempts = await self.store.list_attempts(rollout_id)
+        except NotFoundError:
+            return False
+        return any(a.attempt_id == attempt_id and a.is_live for a in attempts)
+
+    async def _report(self, running: _Running, status: AttemptStatus, error: str | None) -> None:
+        claimed = running.claimed
+        self._forget(claimed.attempt.attempt_id)
+        try:
+            await self.store.update_attempt(
+                claimed.rollout_id, claimed.attempt.attempt_id, status=status, error=error
+            )
+        except (InvalidTransitionError, NotFoundError) as failure:
+            logger.info("attempt %s already ended: %s", claimed.attempt.attempt_id, failure)
+        except FulgorError as failure:
+            logger.error("could not report attempt %s as %s: %s", claimed.attempt.attempt_id, status, failure)
+
+    def _forget(self, attempt_id: str) -> None:
+        if self._running.pop(attempt_id, None) is not None:
+            self._slot_freed.set()
+
+    # -- the API ------------------------------------------------------------------------------------
+
+    async def _list_jobs(self) -> list[Any]:
+        listing = await self._call(
+            "list",
+            None,
+            self.api.list_namespaced_job,
+            self.settings.namespace,
+            label_selector=f"{LABEL_RUN}={self.settings.run}",
+        )
+        return list(listing.items)
+
+    async def _delete(self, name: str) -> None:
+        try:
+            await self._call(
+                "delete",
+                name,
+                self.api.delete_namespaced_job,
+                name,
+                self.settings.namespace,
+                propagation_policy="Background",
+            )
+        except FulgorError as failure:
+            if "NotFound" not in str(failure):
+                logger.error("%s", failure)
+
+    async def _call(self, verb: str, name: str | None, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """One API call on a thread; a FulgorError that names the Job, the API's reason and its message."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return await asyncio.to_thread(method, *args, **kwargs)
+        except ApiException as error:
+            what = f"Job {name}" if name else "Jobs"
+            raise FulgorError(
+                f"could not {verb} {what} in namespace {self.settings.namespace}: HTTP {error.status} "
+                f"{_status_reason(error)}"
+            ) from None
+        except (HTTPError, OSError) as error:  # the API server unreachable
+            raise FulgorError(f"could not reach the Kubernetes API to {verb} Jobs: {error}") from None
+
+
+def _status_reason(error: Any) -> str:
+    """``Reason: message`` from the API's Status body, else the HTTP reason."""
+    try:
+        body = json.loads(error.body)
+        return f"{body['reason']}: {body['message']}"
+    except (ValueError, TypeError, KeyError):
+        return str(error.reason)
