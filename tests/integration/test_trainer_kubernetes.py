@@ -107,22 +107,27 @@ def test_dev_runs_each_rollout_as_a_job_through_the_gateway(tmp_path: Path, prog
         ("succeeded", 0.0, 1),
     ]
     assert len(upstream.samples) == 2
-    assert len(created) == 2 and not left and running == 0
+    assert len(created) == 2
+    assert not left
+    assert running == 0
     assert sorted(name for name, _ in deletions) == sorted(job["metadata"]["name"] for job in created)
     assert {policy for _, policy in deletions} == {"Background"}
     job = created[0]
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {item["name"]: item["value"] for item in container["env"]}
-    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 60
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 60
     assert job["spec"]["ttlSecondsAfterFinished"] == 600  # the template's own fields are kept
     labels = job["metadata"]["labels"]
-    assert labels["team"] == "research" and labels["fulgor.dev/run"] == "calc"
+    assert labels["team"] == "research"
+    assert labels["fulgor.dev/run"] == "calc"
     assert labels["fulgor.dev/rollout-id"] == env["FULGOR_ROLLOUT_ID"]
     assert labels["fulgor.dev/attempt-id"] == env["FULGOR_ATTEMPT_ID"]
     assert job["metadata"]["name"] == f"calc-{env['FULGOR_ATTEMPT_ID']}"
     assert env["OPENAI_API_KEY"].startswith("fulgor-attempt-")
     assert f"/r/{env['FULGOR_ROLLOUT_ID']}/{env['FULGOR_ATTEMPT_ID']}/v1" in env["OPENAI_BASE_URL"]
-    assert "FULGOR_TOKEN" not in env and container["command"] == program.command
+    assert "FULGOR_TOKEN" not in env
+    assert container["command"] == program.command
     assert env["AGENT_SETTING"] == "from-the-template-calc"
 
 
@@ -146,8 +151,11 @@ def test_a_failed_job_fails_its_attempt_and_the_retry_succeeds(
             progress=False,
         )
         report = trainer.dev(program, [task])
-        assert not api.jobs() and api.processes_running() == 0
+        assert not api.jobs()
+        assert api.processes_running() == 0
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)]
     [[(first, error), (second, _)]] = asyncio.run(attempts_of(tmp_path / "run" / "store.sqlite"))
     assert (first, second) == ("failed", "succeeded")
-    assert error is not None and "Job calc-at-" in error and "BackoffLimitExceeded" in error
+    assert error is not None
+    assert "Job calc-at-" in error
+    assert "BackoffLimitExceeded" in error
