@@ -13,7 +13,8 @@ annotations too), ``backoffLimit: 0`` and ``restartPolicy: Never`` (fulgor's own
 per ``RolloutConfig.max_attempts``), and ``activeDeadlineSeconds`` from the rollout's
 ``timeout_seconds``.
 
-Creations are spaced by ``max_jobs_per_second``. Every ``poll_seconds`` the dispatcher lists the
+Creations are spaced by ``1 / max_jobs_per_second`` seconds, counted from the previous creation's
+answer. Every ``poll_seconds`` the dispatcher lists the
 run's Jobs (by the run label), heartbeats the attempts whose Jobs run, and records each finished
 Job's outcome: ``Complete`` succeeds its attempt, ``Failed`` fails it with an error naming the Job
 (``DeadlineExceeded`` times it out); then the Job is deleted. A Job labelled for this run whose
@@ -317,10 +318,11 @@ class JobDispatcher:
                 await self._create(running)
 
     async def _wait_for_rate(self) -> None:
-        now = time.monotonic()
-        if self._next_creation > now:
-            await asyncio.sleep(self._next_creation - now)
-        self._next_creation = max(now, self._next_creation) + 1.0 / self.settings.max_jobs_per_second
+        """Sleep until ``1 / max_jobs_per_second`` after the previous creation's answer: counted
+        from the answer, the API server sees the creations at least that far apart."""
+        delay = self._next_creation - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def _create(self, running: _Running) -> None:
         claimed, settings = running.claimed, self.settings
@@ -340,9 +342,11 @@ class JobDispatcher:
                 container=settings.container,
             )
             running.created_monotonic = time.monotonic()
-            await self._call(
-                "create", running.job_name, self.api.create_namespaced_job, settings.namespace, job
-            )
+            try:
+                create = self.api.create_namespaced_job
+                await self._call("create", running.job_name, create, settings.namespace, job)
+            finally:
+                self._next_creation = time.monotonic() + 1.0 / settings.max_jobs_per_second
         except FulgorError as failure:
             logger.error("rollout %s: %s", rollout_id, failure)
             await self._report(running, "failed", f"{type(failure).__name__}: {failure}")

@@ -1,0 +1,292 @@
+"""Rendering a rollout attempt's Job from the user's template, and the dispatcher against the
+simulated Kubernetes API server: the rate limit, orphaned Jobs reconciled, a deadline, a stop that
+leaves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="the kubernetes extra is installed by make test")
+
+from fulgor import ConfigError, RolloutConfig, RolloutRequest
+from fulgor.runner.kubernetes_jobs import (
+    LABEL_ATTEMPT,
+    LABEL_ROLLOUT,
+    LABEL_RUN,
+    JobDispatcher,
+    JobSettings,
+    load_batch_api,
+    render_job,
+)
+from fulgor.store.memory import MemoryStore
+from fulgor.testing.kubernetes_api import SimulatedKubernetesAPI
+
+TEMPLATE = """
+metadata:
+  labels: {team: research}
+  annotations: {owner: "{{ run }}"}
+spec:
+  backoffLimit: 6
+  ttlSecondsAfterFinished: 60
+  template:
+    spec:
+      restartPolicy: OnFailure
+      nodeSelector: {pool: cpu}
+      containers:
+        - name: sidecar
+          image: proxy:1
+        - name: agent
+          image: agent:1
+          env:
+            - {name: OPENAI_BASE_URL, value: stale}
+            - {name: KEEP, value: kept}
+"""
+
+
+def render(**options: Any) -> dict[str, Any]:
+    arguments: dict[str, Any] = {
+        "run": "exp1",
+        "namespace": "agents",
+        "rollout_id": "ro-1",
+        "attempt_id": "at-2",
+        "timeout_seconds": 90.5,
+        "env": {"OPENAI_BASE_URL": "http://trainer/r/ro-1/at-2/v1"},
+        "command": ["python", "agent.py"],
+        "container": "agent",
+    }
+    return render_job(TEMPLATE, **{**arguments, **options})
+
+
+def test_a_rendered_job_keeps_the_template_and_sets_what_fulgor_governs() -> None:
+    job = render()
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    assert job["metadata"]["name"] == "exp1-at-2"
+    assert job["metadata"]["namespace"] == "agents"
+    labels = {LABEL_RUN: "exp1", LABEL_ROLLOUT: "ro-1", LABEL_ATTEMPT: "at-2"}
+    assert job["metadata"]["labels"] == {"team": "research", **labels}
+    assert job["metadata"]["annotations"] == {"owner": "exp1", LABEL_ROLLOUT: "ro-1", LABEL_ATTEMPT: "at-2"}
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
+        0,
+        91,
+        60,
+    )
+    assert spec["template"]["metadata"]["labels"] == labels
+    pod = spec["template"]["spec"]
+    assert (pod["restartPolicy"], pod["nodeSelector"]) == ("Never", {"pool": "cpu"})
+    sidecar, agent = pod["containers"]
+    assert "env" not in sidecar
+    assert "command" not in sidecar
+    assert agent["env"] == [
+        {"name": "KEEP", "value": "kept"},
+        {"name": "OPENAI_BASE_URL", "value": "http://trainer/r/ro-1/at-2/v1"},
+    ]
+    assert agent["command"] == ["python", "agent.py"]
+
+
+def test_the_templates_command_wins_and_no_timeout_keeps_its_deadline() -> None:
+    template = TEMPLATE.replace("image: agent:1", "image: agent:1\n          command: [agent]").replace(
+        "ttlSecondsAfterFinished: 60", "activeDeadlineSeconds: 30"
+    )
+    job = render_job(
+        template, run="r", namespace="n", rollout_id="ro-1", attempt_id="at-1", timeout_seconds=None,
+        env={}, command=["python", "agent.py"], container="agent",
+    )  # fmt: skip
+    assert job["spec"]["template"]["spec"]["containers"][1]["command"] == ["agent"]
+    assert job["spec"]["activeDeadlineSeconds"] == 30
+
+
+def test_ids_no_label_can_hold_are_hashed_in_labels_and_kept_in_annotations() -> None:
+    attempt_id = "AT/" + "x" * 80
+    job = render(attempt_id=attempt_id)
+    assert job["metadata"]["annotations"][LABEL_ATTEMPT] == attempt_id
+    assert len(job["metadata"]["labels"][LABEL_ATTEMPT]) == 40
+    assert len(job["metadata"]["name"]) <= 63
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("kind: Deployment\nspec: {}", "must render a batch/v1 Job"),
+        ("spec: {template: {spec: {containers: []}}}", "needs spec.template.spec.containers"),
+        ("spec: [1]", "spec must be a mapping"),
+        ("spec: {{ missing }}", "does not render"),
+        ("spec: {template: {spec: {containers: [{name: a}]}}}", "no container named 'agent'"),
+    ],
+)
+def test_a_template_that_is_no_job_is_refused_with_what_to_fix(template: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render_job(
+            template, run="r", namespace="n", rollout_id="ro-1", attempt_id="at-1", timeout_seconds=None,
+            env={}, container="agent" if "name: a" in template else None,
+        )  # fmt: skip
+
+
+def test_a_kubeconfig_that_cannot_be_read_is_one_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot load the Kubernetes configuration"):
+        load_batch_api(str(tmp_path / "missing"), None)
+
+
+# -- the dispatcher on the simulated API server ------------------------------------------------------
+
+SLEEPER = f"""
+spec:
+  template:
+    spec:
+      containers:
+        - name: agent
+          command: [{sys.executable}, -c, "import os, time; time.sleep(float(os.environ['SLEEP']))"]
+"""
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Any:
+    with SimulatedKubernetesAPI(token="t") as simulated:
+        yield simulated
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    store = MemoryStore()
+    yield store
+    await store.close()
+
+
+def dispatcher(
+    api: SimulatedKubernetesAPI, store: MemoryStore, tmp_path: Path, **options: Any
+) -> JobDispatcher:
+    settings = JobSettings(
+        run="unit", namespace="default", server_url="http://127.0.0.1:9",
+        operator_key="key", poll_seconds=0.1, claim_wait_seconds=0.2,
+        **{"template": SLEEPER, "env": {"SLEEP": "0"}, "max_jobs": 4, **options},
+    )  # fmt: skip
+    batch = load_batch_api(str(api.write_kubeconfig(tmp_path / "kubeconfig")), None)
+    return JobDispatcher(settings, store, batch)
+
+
+async def until(condition: Any, seconds: float = 20.0) -> None:
+    """Check ``condition`` every 20 ms until it holds: the simulation's processes have no event to wait on."""
+    async with asyncio.timeout(seconds):
+        for _ in itertools.count():
+            if condition():
+                return
+            await asyncio.sleep(0.02)
+
+
+async def statuses(store: MemoryStore, rollout_ids: list[str]) -> list[list[str]]:
+    return [[a.status for a in await store.list_attempts(r)] for r in rollout_ids]
+
+
+async def enqueue(store: MemoryStore, count: int, **config: Any) -> list[str]:
+    requests = [RolloutRequest(input={"i": i}, config=RolloutConfig(**config)) for i in range(count)]
+    return [rollout.rollout_id for rollout in await store.enqueue(requests)]
+
+
+async def test_creations_are_spaced_by_the_rate_limit(api: Any, store: MemoryStore, tmp_path: Path) -> None:
+    ids = await enqueue(store, 4)
+    jobs = dispatcher(api, store, tmp_path, max_jobs_per_second=5.0)
+    await jobs.start()
+    try:
+        await store.wait(ids, timeout_seconds=30)
+    finally:
+        await jobs.stop()
+    assert await statuses(store, ids) == [["succeeded"]] * 4
+    times = [moment for _, moment in api.creations]
+    assert len(times) == 4
+    # Spaced from each creation's answer, so at least 1 / 5 s apart as the API server receives them.
+    assert all(later - earlier >= 0.2 for earlier, later in itertools.pairwise(times))
+
+
+async def test_orphans_are_deleted_at_start_and_live_attempts_jobs_are_kept(
+    api: Any, store: MemoryStore, tmp_path: Path
+) -> None:
+    [live] = await enqueue(store, 1)
+    [claimed] = await store.claim("another-trainer")
+    first = dispatcher(api, store, tmp_path, env={"SLEEP": "30"})
+    await first._create(first._running.setdefault(claimed.attempt.attempt_id, _running(claimed, "unit")))
+    orphan = _job("unit-at-gone", "ro-gone", "at-gone")  # an earlier session's, unknown to the store
+    other_run = _job("other-at-gone", "ro-gone", "at-gone", run="other")
+    batch = first.api
+    for body in (orphan, other_run):
+        await asyncio.to_thread(batch.create_namespaced_job, "default", body)
+    second = dispatcher(api, store, tmp_path)
+    await second.start()
+    try:
+        names = {job["metadata"]["name"] for job in api.jobs()}
+        assert names == {f"unit-{claimed.attempt.attempt_id}", "other-at-gone"}  # the live one, another run's
+        await store.cancel([live])  # its attempt ends: the next poll deletes its Job
+        await until(lambda: {job["metadata"]["name"] for job in api.jobs()} == {"other-at-gone"})
+    finally:
+        await second.stop()
+    assert [name for name, _ in api.deletions] == ["unit-at-gone", f"unit-{claimed.attempt.attempt_id}"]
+    assert api.processes_running() == 1  # the other run's Job is not this run's to delete
+
+
+async def test_a_job_past_its_deadline_times_its_attempt_out(
+    api: Any, store: MemoryStore, tmp_path: Path
+) -> None:
+    # The template's own deadline: with the rollout's timeout, the store's watchdog may end the
+    # attempt first (then the Job is deleted as an attempt the store ended).
+    [rollout_id] = await enqueue(store, 1, timeout_seconds=None, max_attempts=1)
+    template = SLEEPER.replace("  template:", "  activeDeadlineSeconds: 1\n  template:", 1)
+    jobs = dispatcher(api, store, tmp_path, env={"SLEEP": "30"}, template=template)
+    await jobs.start()
+    try:
+        await store.wait([rollout_id], timeout_seconds=30)
+    finally:
+        await jobs.stop()
+    [attempt] = await store.list_attempts(rollout_id)
+    assert attempt.status == "timeout"
+    assert attempt.error == f"Job unit-{attempt.attempt_id} ran past its activeDeadlineSeconds (1)"
+    assert api.processes_running() == 0
+
+
+async def test_stop_fails_running_attempts_and_deletes_every_job(
+    api: Any, store: MemoryStore, tmp_path: Path
+) -> None:
+    ids = await enqueue(store, 3, max_attempts=1)
+    jobs = dispatcher(api, store, tmp_path, env={"SLEEP": "60"}, max_jobs=2)
+    await jobs.start()
+    await until(lambda: api.processes_running() == 2)
+    await jobs.stop()
+    assert not api.jobs()
+    assert api.processes_running() == 0
+    assert {policy for _, policy in api.deletions} == {"Background"}
+    attempts = [a for r in ids for a in await store.list_attempts(r)]
+    assert len(attempts) == 2  # max_jobs: the third rollout was never claimed
+    assert all(
+        a.status == "failed" and "the trainer stopped before Job unit-" in (a.error or "") for a in attempts
+    )
+
+
+def _running(claimed: Any, run: str) -> Any:
+    from fulgor.runner.kubernetes_jobs import _Running, job_name
+
+    return _Running(claimed, job_name(run, claimed.attempt.attempt_id))
+
+
+def _job(name: str, rollout_id: str, attempt_id: str, run: str = "unit") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_RUN: run},
+            "annotations": {LABEL_ROLLOUT: rollout_id, LABEL_ATTEMPT: attempt_id},
+        },
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "a", "command": [sys.executable, "-c", "import time; time.sleep(60)"]}
+                    ],
+                }
+            }
+        },
+    }
