@@ -123,3 +123,26 @@ def test_the_trainer_takes_ray_runners_or_none_and_says_so_otherwise() -> None:
         match=r"runners must be None \(local processes\), fulgor\.RayRunners\(\.\.\.\) or fulgor\.Kub",
     ):
         Trainer(algorithm=GRPO(), upstream="http://127.0.0.1:9/v1", runners="ray")  # type: ignore[arg-type]
+
+
+def test_kubernetes_runners_refuse_what_cannot_run_as_jobs() -> None:
+    from tests.integration.sample_agents.slow_agent import sleeper
+
+    from fulgor import ConfigError, KubernetesRunners, SubprocessAgent
+    from fulgor.store.memory import MemoryStore
+
+    with pytest.raises(ConfigError, match="run 'Calc_1' must be 1-40 lower-case letters"):
+        KubernetesRunners(template="", run="Calc_1")
+    with pytest.raises(ConfigError, match="the session needs server_url"):
+        KubernetesRunners(template="", run="calc", listen_host="0.0.0.0")
+    runners = KubernetesRunners(template="", run="calc")
+    config = RunnerConfig(operator_key="key")
+    graded = SubprocessAgent(["true"], reward_fn=lambda result: 1.0)
+
+    async def start(agent: object) -> None:
+        await runners.start(agent, MemoryStore(), "http://127.0.0.1:9", 1, config)  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError, match=r"Kubernetes Jobs run a program: pass a fulgor\.SubprocessAgent"):
+        asyncio.run(start(sleeper))
+    with pytest.raises(ConfigError, match=r"post the reward from the program to \$FULGOR_REWARD_URL"):
+        asyncio.run(start(graded))
