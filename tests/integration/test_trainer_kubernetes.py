@@ -15,7 +15,11 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes extra is installed by make test")
 
+from examples.calc.dataset import make_splits
 from fulgor import GRPO, KubernetesRunners, RolloutConfig, SubprocessAgent, Trainer
+from fulgor.engine.local import EngineConfig
+from fulgor.engine.models import init_model
+from fulgor.net.sockets import bind_socket
 from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.kubernetes_api import SimulatedKubernetesAPI
 from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
@@ -137,6 +141,9 @@ def test_a_failed_job_fails_its_attempt_and_the_retry_succeeds(
     seen = tmp_path / "seen"
     seen.write_text("")
     task = {"question": "2+2", "answer": 4, "fail_first": True, "seen": str(seen)}
+    with bind_socket("127.0.0.1", 0) as probe:  # a free port, for a URL known before the session
+        port = probe.getsockname()[1]
+    server_url = f"http://localhost:{port}"  # not the address it listens on: the URL the pods are given
     with (
         SimulatedKubernetesAPI() as api,
         ScriptedOpenAIServer(default_reply=ScriptedReply(text="4")) as upstream,
@@ -146,11 +153,12 @@ def test_a_failed_job_fails_its_attempt_and_the_retry_succeeds(
             upstream=upstream.url,
             model="scripted",
             run_dir=tmp_path / "run",
-            runners=kubernetes_runners(api, tmp_path),
+            runners=kubernetes_runners(api, tmp_path, listen_port=port, server_url=server_url),
             rollout_config=RolloutConfig(timeout_seconds=60, max_attempts=2, retry_on=("failed",)),
             progress=False,
         )
         report = trainer.dev(program, [task])
+        created = api.created
         assert not api.jobs()
         assert api.processes_running() == 0
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)]
@@ -159,3 +167,46 @@ def test_a_failed_job_fails_its_attempt_and_the_retry_succeeds(
     assert error is not None
     assert "Job calc-at-" in error
     assert "BackoffLimitExceeded" in error
+    for job in created:
+        env = {
+            item["name"]: item["value"] for item in job["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["OPENAI_BASE_URL"].startswith(f"{server_url}/r/")
+        assert env["FULGOR_REWARD_URL"].startswith(f"{server_url}/v1/rewards/")
+
+
+GRPO_PROGRAM = """
+import json, os, urllib.request
+from openai import OpenAI
+
+task = json.loads(os.environ["FULGOR_TASK"])
+reply = OpenAI().chat.completions.create(
+    model=os.environ["FULGOR_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+)
+value = float(len(reply.choices[0].message.content or "") % 2)  # any signal will do for one step
+body = json.dumps({"value": value}).encode()
+urllib.request.urlopen(urllib.request.Request(os.environ["FULGOR_REWARD_URL"], data=body))
+"""
+
+
+def test_grpo_trains_a_step_on_rollouts_run_as_jobs(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text(GRPO_PROGRAM)
+    program = SubprocessAgent([sys.executable, str(tmp_path / "agent.py")], name="calc-program")
+    model = init_model(tmp_path / "tiny", "tiny", seed=0)
+    splits = make_splits(seed=0, sizes=(8, 4, 4))
+    with SimulatedKubernetesAPI() as api:
+        trainer = Trainer(
+            algorithm=GRPO(group_size=2, batch_tasks=2, max_steps=1, max_tokens=8, val_every=1),
+            engine=EngineConfig(model=model, device="cpu"),
+            run_dir=tmp_path / "run",
+            runners=kubernetes_runners(api, tmp_path),
+            progress=False,
+        )
+        history = trainer.fit(program, splits["train"], splits["val"][:2])
+        created, left, running = api.created, api.jobs(), api.processes_running()
+    assert [m["step"] for m in history] == [0, 1]
+    assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (4, 0)
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "config.json").is_file()
+    assert len(created) == 8  # 2 tasks x 2, and 2 validation rollouts before the step and after it
+    assert not left
+    assert running == 0
