@@ -341,12 +341,13 @@ class JobDispatcher:
                 working_dir=settings.working_dir,
                 container=settings.container,
             )
-            running.created_monotonic = time.monotonic()
             try:
                 create = self.api.create_namespaced_job
                 await self._call("create", running.job_name, create, settings.namespace, job)
             finally:
                 self._next_creation = time.monotonic() + 1.0 / settings.max_jobs_per_second
+            # Once the API has answered: a list sent later than this must show the Job.
+            running.created_monotonic = time.monotonic()
         except FulgorError as failure:
             logger.error("rollout %s: %s", rollout_id, failure)
             await self._report(running, "failed", f"{type(failure).__name__}: {failure}")

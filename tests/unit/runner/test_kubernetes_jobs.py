@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes extra is installed by make test")
 
-from fulgor import ConfigError, RolloutConfig, RolloutRequest
+from fulgor import ConfigError, FulgorError, RolloutConfig, RolloutRequest
 from fulgor.runner.kubernetes_jobs import (
     LABEL_ATTEMPT,
     LABEL_ROLLOUT,
@@ -290,3 +290,16 @@ def _job(name: str, rollout_id: str, attempt_id: str, run: str = "unit") -> dict
             }
         },
     }
+
+
+async def test_an_api_server_out_of_reach_fails_the_start_with_what_it_tried(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    with SimulatedKubernetesAPI() as gone:
+        kubeconfig = gone.write_kubeconfig(tmp_path / "kubeconfig")  # its port is closed once it stops
+    settings = JobSettings(
+        template=SLEEPER, run="unit", namespace="default", server_url="http://x", operator_key="k"
+    )
+    jobs = JobDispatcher(settings, store, load_batch_api(str(kubeconfig), None))
+    with pytest.raises(FulgorError, match="could not reach the Kubernetes API to list Jobs"):
+        await jobs.start()
