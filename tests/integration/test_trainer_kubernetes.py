@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("kubernetes", reason="the kubernetes extra is installed by make test")
 
 from examples.calc.dataset import make_splits
-from fulgor import GRPO, KubernetesRunners, RolloutConfig, SubprocessAgent, Trainer
+from fulgor import GRPO, KubernetesRunners, RolloutConfig, SubprocessAgent, Trainer, semconv
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.net.sockets import bind_socket
@@ -83,6 +83,18 @@ async def attempts_of(path: Path) -> list[list[tuple[str, str | None]]]:
         for rollout in await store.query_rollouts():
             attempts = await store.list_attempts(rollout.rollout_id)
             found.append([(attempt.status, attempt.error) for attempt in attempts])
+        return found
+    finally:
+        await store.close()
+
+
+async def rewards_of(path: Path) -> list[float]:
+    store = SqliteStore(path)
+    try:
+        found = []
+        for rollout in await store.query_rollouts():
+            spans = await store.query_spans(rollout.rollout_id, name=semconv.SPAN_REWARD)
+            found += [span.attributes[semconv.ATTR_REWARD_VALUE] for span in spans]
         return found
     finally:
         await store.close()
@@ -176,16 +188,15 @@ def test_a_failed_job_fails_its_attempt_and_the_retry_succeeds(
 
 
 GRPO_PROGRAM = """
-import json, os, urllib.request
+import json, os
+import fulgor
 from openai import OpenAI
 
 task = json.loads(os.environ["FULGOR_TASK"])
 reply = OpenAI().chat.completions.create(
     model=os.environ["FULGOR_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=8
 )
-value = float(len(reply.choices[0].message.content or "") % 2)  # any signal will do for one step
-body = json.dumps({"value": value}).encode()
-urllib.request.urlopen(urllib.request.Request(os.environ["FULGOR_REWARD_URL"], data=body))
+fulgor.emit_reward(float(len(reply.choices[0].message.content or "") % 2))  # posts to FULGOR_REWARD_URL
 """
 
 
@@ -204,9 +215,11 @@ def test_grpo_trains_a_step_on_rollouts_run_as_jobs(tmp_path: Path) -> None:
         )
         history = trainer.fit(program, splits["train"], splits["val"][:2])
         created, left, running = api.created, api.jobs(), api.processes_running()
+    rewards = asyncio.run(rewards_of(tmp_path / "run" / "store.sqlite"))
     assert [m["step"] for m in history] == [0, 1]
     assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (4, 0)
     assert (tmp_path / "run" / "checkpoints" / "step-1" / "config.json").is_file()
     assert len(created) == 8  # 2 tasks x 2, and 2 validation rollouts before the step and after it
+    assert len(rewards) == 8  # each program's own reward, posted by fulgor.emit_reward
     assert not left
     assert running == 0

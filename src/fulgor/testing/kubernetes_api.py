@@ -89,6 +89,8 @@ class SimulatedKubernetesAPI:
         """Each Job created, as the API answered its creation (copies), in order."""
         self.deletions: list[tuple[str, str | None]] = []
         """Each Job deleted, as (name, the propagationPolicy asked for)."""
+        self.requests: list[tuple[str, str]] = []
+        """Each request, as (method, path without the query), in order."""
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -188,6 +190,8 @@ class SimulatedKubernetesAPI:
         parts = urlsplit(request.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = unquote(parts.path)
+        with self._lock:
+            self.requests.append((request.method, path))
         if not path.startswith(_JOBS):
             return _status(404, "NotFound", "the server could not find the requested resource")
         segments = path[len(_JOBS) :].split("/")

@@ -303,3 +303,55 @@ async def test_an_api_server_out_of_reach_fails_the_start_with_what_it_tried(
     jobs = JobDispatcher(settings, store, load_batch_api(str(kubeconfig), None))
     with pytest.raises(FulgorError, match="could not reach the Kubernetes API to list Jobs"):
         await jobs.start()
+
+
+async def test_the_dispatcher_needs_create_list_and_delete_on_jobs_only(
+    api: Any, store: MemoryStore, tmp_path: Path
+) -> None:
+    ids = await enqueue(store, 2, max_attempts=1)
+    jobs = dispatcher(api, store, tmp_path)
+    await jobs.start()
+    try:
+        await store.wait(ids, timeout_seconds=30)
+    finally:
+        await jobs.stop()
+    collection, one = "/apis/batch/v1/namespaces/default/jobs", "/apis/batch/v1/namespaces/default/jobs/"
+    verbs = {
+        ("create" if method == "POST" else "list" if method == "GET" else "delete")
+        for method, path in api.requests
+        if path == collection or (method == "DELETE" and path.startswith(one))
+    }
+    assert verbs == {"create", "list", "delete"}  # the README's Role
+    assert all(
+        path == collection or (method == "DELETE" and path.startswith(one)) for method, path in api.requests
+    )
+
+
+async def test_a_task_no_variable_can_hold_fails_its_attempt_without_a_job(
+    api: Any, store: MemoryStore, tmp_path: Path
+) -> None:
+    [rollout] = await store.enqueue(
+        [RolloutRequest(input="x" * 140_000, config=RolloutConfig(max_attempts=1))]
+    )
+    jobs = dispatcher(api, store, tmp_path)
+    await jobs.start()
+    try:
+        await store.wait([rollout.rollout_id], timeout_seconds=30)
+    finally:
+        await jobs.stop()
+    [attempt] = await store.list_attempts(rollout.rollout_id)
+    assert attempt.status == "failed"
+    assert "a Job passes it in FULGOR_TASK" in (attempt.error or "")
+    assert api.creations == []
+
+
+async def test_running_jobs_keep_their_attempts_alive(api: Any, store: MemoryStore, tmp_path: Path) -> None:
+    # Each poll heartbeats the attempts whose Jobs run: 1.5 s of work outlives unresponsive_seconds.
+    [rollout_id] = await enqueue(store, 1, unresponsive_seconds=0.6, max_attempts=1)
+    jobs = dispatcher(api, store, tmp_path, env={"SLEEP": "1.5"})
+    await jobs.start()
+    try:
+        await store.wait([rollout_id], timeout_seconds=30)
+    finally:
+        await jobs.stop()
+    assert [a.status for a in await store.list_attempts(rollout_id)] == ["succeeded"]
