@@ -145,7 +145,7 @@ class KubernetesRunners:
     container: str | None = None
 
     def __post_init__(self) -> None:
-        from fulgor.runner.kubernetes_jobs import check_run_name
+        from fulgor.runner.job_template import check_run_name
 
         check_run_name(self.run)
         if self.max_jobs is not None and self.max_jobs < 1:
