@@ -29,9 +29,9 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fulgor.credentials import attempt_credential
 from fulgor.errors import ConfigError, FulgorError, InvalidTransitionError, NotFoundError
@@ -51,6 +51,8 @@ from fulgor.types import AttemptedRollout, AttemptStatus
 __all__ = ["JobDispatcher", "JobSettings", "load_batch_api", "reward_url"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 def reward_url(server_url: str, rollout_id: str, attempt_id: str, credential: str) -> str:
@@ -126,6 +128,7 @@ class JobDispatcher:
         self._slot_freed = asyncio.Event()
         self._next_creation = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         """Reconcile the run's Jobs left from before (a first failure to reach the API raises), then
@@ -143,8 +146,10 @@ class JobDispatcher:
                 raise FulgorError(f"the Kubernetes Job dispatcher stopped unexpectedly: {error!r}")
 
     async def stop(self) -> None:
-        """Stop claiming and watching, fail the attempts still running, delete every Job of the run."""
-        for task in self._tasks:
+        """Stop claiming (a claim in flight still returns, and what it took is failed) and watching,
+        fail the attempts still running, delete every Job of the run."""
+        self._stopping.set()
+        for task in self._tasks[1:]:  # the watch; the dispatch loop (first) ends by itself
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for running in list(self._running.values()):
@@ -161,27 +166,42 @@ class JobDispatcher:
     # -- claiming and creating ----------------------------------------------------------------------
 
     async def _dispatch_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             free = self.settings.max_jobs - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                await self._first(self._slot_freed.wait())
                 continue
+            claim = self.store.claim(
+                self.worker_id, limit=free, wait_seconds=self.settings.claim_wait_seconds
+            )
             try:
-                claimed_now = await self.store.claim(
-                    self.worker_id, limit=free, wait_seconds=self.settings.claim_wait_seconds
-                )
+                # Stopping mid-claim: the claim still finishes, so that nothing it took is left unreported.
+                claimed_now = await self._first(claim, keep=True) or []
             except FulgorError as failure:
                 logger.warning(
                     "claim failed (%s); retrying in %.1fs", failure, self.settings.claim_wait_seconds
                 )
-                await asyncio.sleep(self.settings.claim_wait_seconds)
+                await self._first(asyncio.sleep(self.settings.claim_wait_seconds))
                 continue
             for claimed in claimed_now:
                 running = _Running(claimed, job_name(self.settings.run, claimed.attempt.attempt_id))
-                self._running[claimed.attempt.attempt_id] = running
-                await self._wait_for_rate()
-                await self._create(running)
+                self._running[claimed.attempt.attempt_id] = running  # stop() fails it if not created
+                if not self._stopping.is_set():
+                    await self._wait_for_rate()
+                    await self._create(running)
+
+    async def _first(self, work: Coroutine[Any, Any, _T], *, keep: bool = False) -> _T | None:
+        """``work``'s result, or None once stopping (``work`` cancelled, or awaited still with ``keep``)."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done() and not keep:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+        return await task
 
     async def _wait_for_rate(self) -> None:
         """Sleep until ``1 / max_jobs_per_second`` after the previous creation's answer: counted
@@ -283,7 +303,7 @@ class JobDispatcher:
     async def _follow(self, running: _Running, job: Any) -> None:
         """Record a finished Job's outcome and delete it; delete a Job whose attempt the store ended."""
         name = running.job_name
-        for condition in job.status.conditions or [] if job.status else []:
+        for condition in (job.status.conditions if job.status else None) or []:
             if condition.status != "True" or condition.type not in ("Complete", "Failed"):
                 continue
             if condition.type == "Complete":
