@@ -100,13 +100,12 @@ async def test_orphans_are_deleted_at_start_and_live_attempts_jobs_are_kept(
     api: Any, store: MemoryStore, tmp_path: Path
 ) -> None:
     [live] = await enqueue(store, 1)
-    [claimed] = await store.claim("another-trainer")
-    first = dispatcher(api, store, tmp_path, env={"SLEEP": "30"})
-    await first._create(first._running.setdefault(claimed.attempt.attempt_id, _running(claimed, "unit")))
+    [claimed] = await store.claim("another-trainer")  # its Job runs, created by another trainer
+    kept = _job(f"unit-{claimed.attempt.attempt_id}", live, claimed.attempt.attempt_id)
     orphan = _job("unit-at-gone", "ro-gone", "at-gone")  # an earlier session's, unknown to the store
     other_run = _job("other-at-gone", "ro-gone", "at-gone", run="other")
-    batch = first.api
-    for body in (orphan, other_run):
+    batch = load_batch_api(str(api.write_kubeconfig(tmp_path / "kubeconfig")), None)
+    for body in (kept, orphan, other_run):
         await asyncio.to_thread(batch.create_namespaced_job, "default", body)
     second = dispatcher(api, store, tmp_path)
     await second.start()
@@ -156,13 +155,6 @@ async def test_stop_fails_running_attempts_and_deletes_every_job(
     assert all(
         a.status == "failed" and "the trainer stopped before Job unit-" in (a.error or "") for a in attempts
     )
-
-
-def _running(claimed: Any, run: str) -> Any:
-    from fulgor.runner.job_template import job_name
-    from fulgor.runner.kubernetes_jobs import _Running
-
-    return _Running(claimed, job_name(run, claimed.attempt.attempt_id))
 
 
 def _job(name: str, rollout_id: str, attempt_id: str, run: str = "unit") -> dict[str, Any]:
