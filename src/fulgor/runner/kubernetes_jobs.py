@@ -147,7 +147,7 @@ class JobDispatcher:
 
     async def stop(self) -> None:
         """Stop claiming (a claim in flight still returns, and what it took is failed) and watching,
-        fail the attempts still running, delete every Job of the run."""
+        fail the attempts still running, delete every Job of the run, close the client."""
         self._stopping.set()
         for task in self._tasks[1:]:  # the watch; the dispatch loop (first) ends by itself
             task.cancel()
@@ -156,12 +156,16 @@ class JobDispatcher:
             error = f"the trainer stopped before Job {running.job_name} finished"
             await self._report(running, "failed", error)
         try:
-            jobs = await self._list_jobs()
+            for job in await self._list_jobs():
+                await self._delete(job.metadata.name)
         except FulgorError as failure:
             logger.error("could not list the run's Jobs to delete them: %s", failure)
-            return
-        for job in jobs:
-            await self._delete(job.metadata.name)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the client's connections (``stop`` does; a dispatcher that did not start must)."""
+        self.api.api_client.close()
 
     # -- claiming and creating ----------------------------------------------------------------------
 
@@ -386,12 +390,17 @@ class JobDispatcher:
             return await asyncio.to_thread(method, *args, **kwargs)
         except ApiException as error:
             what = f"Job {name}" if name else "Jobs"
-            raise FulgorError(
-                f"could not {verb} {what} in namespace {self.settings.namespace}: HTTP {error.status} "
-                f"{_status_reason(error)}"
-            ) from None
+            where = f"namespace {self.settings.namespace}"
+            failure = FulgorError(
+                f"could not {verb} {what} in {where}: HTTP {error.status} {_status_reason(error)}"
+            )
+            # Its traceback holds the client's frames, whose response holds a connection: dropped
+            # now, the socket closes now rather than at some later garbage collection.
+            error.__traceback__ = None
         except (HTTPError, OSError) as error:  # the API server unreachable
-            raise FulgorError(f"could not reach the Kubernetes API to {verb} Jobs: {error}") from None
+            failure = FulgorError(f"could not reach the Kubernetes API to {verb} Jobs: {error}")
+            error.__traceback__ = None
+        raise failure  # outside the handlers: no context chained to the client's exception
 
 
 def _status_reason(error: Any) -> str:

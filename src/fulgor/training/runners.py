@@ -194,7 +194,11 @@ class KubernetesRunners:
         )
         api = await asyncio.to_thread(load_batch_api, self.kubeconfig, self.context)
         dispatcher = JobDispatcher(settings, store, api)
-        await dispatcher.start()
+        try:
+            await dispatcher.start()
+        except BaseException:
+            dispatcher.close()
+            raise
         return KubernetesRunnerGroup(dispatcher, agent.name)
 
 

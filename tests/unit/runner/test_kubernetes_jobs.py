@@ -107,6 +107,7 @@ async def test_orphans_are_deleted_at_start_and_live_attempts_jobs_are_kept(
     batch = load_batch_api(str(api.write_kubeconfig(tmp_path / "kubeconfig")), None)
     for body in (kept, orphan, other_run):
         await asyncio.to_thread(batch.create_namespaced_job, "default", body)
+    batch.api_client.close()
     second = dispatcher(api, store, tmp_path)
     await second.start()
     try:
@@ -188,6 +189,7 @@ async def test_an_api_server_out_of_reach_fails_the_start_with_what_it_tried(
     jobs = JobDispatcher(settings, store, load_batch_api(str(kubeconfig), None))
     with pytest.raises(FulgorError, match="could not reach the Kubernetes API to list Jobs"):
         await jobs.start()
+    jobs.close()
 
 
 async def test_the_dispatcher_needs_create_list_and_delete_on_jobs_only(
