@@ -13,9 +13,13 @@ $(VENV)/.created:
 	$(PIP) install --upgrade pip
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
+# The verl bridge's tests run verl's pure functions (estimators, policy losses, DataProto). verl is
+# installed --no-deps: its declared dependencies pin transformers<5.11 and pull ray[default], datasets
+# and wandb; requirements-verl.txt lists the few packages those functions import.
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml requirements-verl.txt
 	$(PIP) install $(TORCH)
 	$(PIP) install -e '.[dev,torch,server,frameworks,ray,postgres,tracking,report]'
+	$(PIP) install --no-deps -r requirements-verl.txt
 	touch $@
 
 lint: $(VENV)/.installed-test

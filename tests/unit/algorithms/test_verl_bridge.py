@@ -24,7 +24,9 @@ from fulgor.algorithms.verl import (
 )
 from fulgor.errors import ConfigError
 
-pytest.importorskip("verl", reason="the verl bridge needs verl: pip install --no-deps -r requirements-verl.txt")
+pytest.importorskip(
+    "verl", reason="the verl bridge needs verl: pip install --no-deps -r requirements-verl.txt"
+)
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -67,7 +69,9 @@ def per_rollout(trajectories: list[Trajectory], per_token: list[list[torch.Tenso
     """The one value each rollout's sampled tokens all carry (they must all carry the same)."""
     values = []
     for t, rows in zip(trajectories, per_token, strict=True):
-        taken = torch.cat([r[torch.tensor(x.loss_mask, dtype=torch.bool)] for x, r in zip(t.rows, rows, strict=True)])
+        taken = torch.cat(
+            [r[torch.tensor(x.loss_mask, dtype=torch.bool)] for x, r in zip(t.rows, rows, strict=True)]
+        )
         assert torch.allclose(taken, taken[0].expand_as(taken)), "a rollout's tokens got different advantages"
         values.append(float(taken[0]))
     return torch.tensor(values)
@@ -102,9 +106,16 @@ def test_a_row_whose_first_token_is_sampled_keeps_it_in_the_prompt() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(
     ("verl_name", "fulgor_name"),
-    [("verl:grpo", "grpo"), ("verl:grpo_vectorized", "grpo"), ("verl:rloo", "rloo"), ("verl:rloo_vectorized", "rloo")],
+    [
+        ("verl:grpo", "grpo"),
+        ("verl:grpo_vectorized", "grpo"),
+        ("verl:rloo", "rloo"),
+        ("verl:rloo_vectorized", "rloo"),
+    ],
 )
-def test_verl_estimators_equal_fulgors_on_the_same_rollouts(seed: int, verl_name: str, fulgor_name: str) -> None:
+def test_verl_estimators_equal_fulgors_on_the_same_rollouts(
+    seed: int, verl_name: str, fulgor_name: str
+) -> None:
     batch = random_batch(seed)
     ours, _ = compute_advantages(batch, fulgor_name)
     theirs = per_rollout(batch, token_advantages(batch, verl_name))
@@ -243,7 +254,9 @@ def test_verls_grpo_trains_the_model_toward_rewarded_responses(model: torch.nn.M
     assert response_logprob(2) < unrewarded
 
 
-def test_a_batch_without_signal_under_verls_estimator_leaves_the_weights_alone(model: torch.nn.Module) -> None:
+def test_a_batch_without_signal_under_verls_estimator_leaves_the_weights_alone(
+    model: torch.nn.Module,
+) -> None:
     batch = [trajectory(name, "g", 0.5, [row([1, 2], [3, 4])]) for name in "ab"]
     policy = copy.deepcopy(model)
     metrics = PolicyUpdater(policy, GRPOConfig(advantage="verl:grpo")).step(batch)
@@ -258,7 +271,9 @@ def test_importing_verl_leaves_the_root_logger_alone() -> None:
         "import logging; from fulgor.algorithms.verl import advantage_names; advantage_names(); "
         "import verl; root = logging.getLogger(); print(len(root.handlers), root.level)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.split() == ["0", str(logging.WARNING)]
 
 

@@ -263,7 +263,9 @@ def token_advantages(
 
     if not trajectories:
         raise ConfigError("advantages need at least one trajectory")
-    advantages = compute_advantages(_data_proto([_rollout_sample(t) for t in trajectories], 0), name, gamma=gamma)
+    advantages = compute_advantages(
+        _data_proto([_rollout_sample(t) for t in trajectories], 0), name, gamma=gamma
+    )
     result: list[list[torch.Tensor]] = []
     for index, trajectory in enumerate(trajectories):
         offset, rows = 0, []
