@@ -74,6 +74,19 @@ async def record(url: str) -> list[str]:
         await store.close()
 
 
+async def read_in_process(path: Path, rollout_ids: list[str]) -> list[str]:
+    from fulgor.algorithms.verl import to_data_proto
+    from fulgor.store import SqliteStore
+    from fulgor.training.verl_export import read_trajectories
+
+    store = SqliteStore(path)
+    try:
+        trajectories, _, _ = await read_trajectories(store, rollout_ids=rollout_ids)
+    finally:
+        await store.close()
+    return sorted(to_data_proto(trajectories).non_tensor_batch["rollout_id"])
+
+
 def test_rollouts_recorded_through_serve_export_as_verl_data_its_grpo_reads(tmp_path: Path) -> None:
     from verl import DataProto
 
@@ -115,6 +128,9 @@ def test_rollouts_recorded_through_serve_export_as_verl_data_its_grpo_reads(tmp_
     rewards = data.batch["token_level_rewards"].sum(-1)
     assert [float(rewards[by_rollout[i]]) for i in ids] == [1.0, 0.0, 1.0, 0.0]
     assert [data.non_tensor_batch["uid"][by_rollout[i]] for i in ids] == ["g1", "g1", "g2", "g2"]
+
+    in_process = asyncio.run(read_in_process(tmp_path / "store.sqlite", ids[:2]))
+    assert in_process == sorted(ids[:2])  # one step's rollouts, read without a file
 
     advantages = compute_advantages(data, "verl:grpo")
     per_sample = (advantages * data.batch["response_mask"]).sum(-1) / data.batch["response_mask"].sum(-1)

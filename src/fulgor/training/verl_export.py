@@ -42,14 +42,20 @@ class Export:
 
 
 async def read_trajectories(
-    store: Store, *, agent_match: str | None = None, max_tokens: int | None = None
+    store: Store,
+    *,
+    rollout_ids: Sequence[str] | None = None,
+    agent_match: str | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[list[Trajectory], dict[str, str], DriftReport]:
-    """The trajectories of ``store``'s ended rollouts, in the store's order, the rollouts that gave
-    none (id -> why) and the drift of the whole."""
+    """The trajectories of ``store``'s ended rollouts (of ``rollout_ids`` only, when given), in the
+    store's order, the rollouts that gave none (id -> why) and the drift of the whole."""
     trajectories: list[Trajectory] = []
     left_out: dict[str, str] = {}
     drift = DriftReport()
-    for rollout in await store.query_rollouts(status=["succeeded", "failed", "cancelled"]):
+    ended = await store.query_rollouts(status=["succeeded", "failed", "cancelled"])
+    wanted = None if rollout_ids is None else set(rollout_ids)
+    for rollout in ended if wanted is None else [r for r in ended if r.rollout_id in wanted]:
         outcome = await read_outcome(store, rollout, agent_match=agent_match, max_tokens=max_tokens)
         drift.add(outcome.drift)
         if outcome.trajectory is not None:

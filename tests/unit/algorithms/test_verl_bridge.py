@@ -93,6 +93,7 @@ def test_rows_become_verl_samples_laid_out_as_its_agent_loop_lays_them_out() -> 
     assert data.batch["rollout_log_probs"].tolist()[1] == [-0.5, 0.0, -0.5, 0.0]
     # The reward sits on each sample's last response token, as verl's reward manager puts it.
     assert data.batch["token_level_rewards"].tolist() == [[0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    assert torch.equal(data.batch["rm_scores"], data.batch["token_level_scores"])
     assert list(data.non_tensor_batch["uid"]) == ["g", "g", "g"]
     assert list(data.non_tensor_batch["rollout_id"]) == ["a", "a", "b"]
 

@@ -10,7 +10,8 @@ Layout, as verl's agent loop lays a sample out: ``prompts[N, P]`` left-padded, `
 right-padded, ``input_ids``/``attention_mask``/``position_ids`` ``[N, P + L]`` their concatenation,
 ``response_mask[N, L]`` 1 on sampled tokens (tool results and other context inside a response are
 0), ``rollout_log_probs[N, L]`` the engine's logprobs of the sampled tokens,
-``token_level_scores``/``token_level_rewards[N, L]`` the reward on the last response token, and
+``rm_scores``/``token_level_scores``/``token_level_rewards[N, L]`` the reward on the last response
+token, and
 ``uid`` (the GRPO group) and ``rollout_id`` per sample. A row's response starts at its first sampled
 token (never at position 0, which no logprob can be computed for).
 
@@ -209,7 +210,8 @@ def _data_proto(samples: Sequence[_Sample], pad_token_id: int) -> Any:
         "attention_mask": attention,
         "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
         "rollout_log_probs": logprobs,
-        "token_level_scores": scores,
+        "rm_scores": scores,
+        "token_level_scores": scores.clone(),
         "token_level_rewards": scores.clone(),
     }
     non_tensors = {
