@@ -143,7 +143,12 @@ def test_a_group_of_one_is_where_verl_and_fulgor_differ() -> None:
 
 def test_every_estimator_fulgor_can_feed_runs() -> None:
     names = advantage_names()
-    assert {"verl:grpo", "verl:rloo", "verl:opo", "verl:gpg", "verl:reinforce_plus_plus"} <= set(names)
+    # verl 0.9.1's registry, less gae, remax, gdpo and the two optimal-token baselines (they need a
+    # critic, a greedy baseline, reward components or the actor's statistics).
+    assert [name.removeprefix("verl:") for name in names] == [
+        "gpg", "grpo", "grpo_passk", "grpo_vectorized", "opo", "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline", "rloo", "rloo_vectorized",
+    ]  # fmt: skip
     batch = random_batch(4)
     for name in names:
         per_token = token_advantages(batch, name)
@@ -160,7 +165,28 @@ def test_unknown_names_list_verls_registries() -> None:
         GRPOConfig(advantage="verl:gae")
     with pytest.raises(ConfigError, match="unknown policy loss 'clip'; choose 'ppo_clip'"):
         GRPOConfig(policy_loss="clip")
-    assert "verl:vanilla" in policy_loss_names()
+    with pytest.raises(ConfigError, match="'verl:dro' needs policy_loss.dro_beta"):
+        GRPOConfig(policy_loss="verl:dro")
+    for name in ["verl:remax", "verl:optimal_token_baseline", "verl:gdpo"]:
+        with pytest.raises(ConfigError, match="which fulgor's rollouts do not carry"):
+            GRPOConfig(advantage=name)
+
+
+def test_every_policy_loss_listed_runs_and_has_a_gradient() -> None:
+    names = policy_loss_names()
+    assert len(names) == 11  # verl 0.9.1's 12, less dro
+    current, old = logprob_pair(0, (4, 6))
+    mask = torch.ones((4, 6))
+    mask[:, 0] = 0
+    advantages = torch.randn((4, 6), generator=torch.Generator().manual_seed(1)) * mask
+    for name in names:
+        loss = VerlPolicyLoss(name, clip_low=0.2, clip_high=0.2, micro_batch_size=4)
+        loss.start_batch(4, float(mask.sum()))
+        value, _ = loss(current, old, advantages, mask)
+        (gradient,) = torch.autograd.grad(value, current)
+        assert torch.isfinite(gradient).all(), name
+        assert gradient.abs().sum() > 0, name
+        assert not gradient[:, 0].any(), name  # nothing outside the mask
 
 
 def logprob_pair(seed: int, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,6 +58,8 @@ INSTALL = (
 _GIVEN = frozenset({"token_level_rewards", "response_mask", "index", "config"})
 # Estimators that need more than their signature says, and what.
 _NEEDS = {"gdpo": ["each reward component as a value of its own (verl's algorithm.gdpo_reward_keys)"]}
+# Losses that need a setting verl gives no default and fulgor does not set.
+_LOSS_NEEDS = {"dro": "policy_loss.dro_beta, which has no default in verl"}
 
 
 def is_verl(name: str) -> bool:
@@ -87,8 +89,8 @@ def advantage_names() -> list[str]:
 
 
 def policy_loss_names() -> list[str]:
-    """Every policy loss verl registers, as ``verl:NAME``."""
-    return [PREFIX + name for name in sorted(_core_algos().POLICY_LOSS_REGISTRY)]
+    """Every policy loss verl registers that runs with fulgor's settings, as ``verl:NAME``."""
+    return [PREFIX + name for name in sorted(_core_algos().POLICY_LOSS_REGISTRY) if name not in _LOSS_NEEDS]
 
 
 def _missing_inputs(name: str, function: Any) -> list[str]:
@@ -122,6 +124,11 @@ def check_policy_loss(name: str) -> Any:
     function = _core_algos().POLICY_LOSS_REGISTRY.get(name.removeprefix(PREFIX))
     if function is None:
         raise ConfigError(f"verl has no policy loss {name!r}; choose one of {policy_loss_names()}")
+    if name.removeprefix(PREFIX) in _LOSS_NEEDS:
+        raise ConfigError(
+            f"verl's policy loss {name!r} needs {_LOSS_NEEDS[name.removeprefix(PREFIX)]}; "
+            f"choose one of {policy_loss_names()}"
+        )
     return function
 
 
