@@ -165,7 +165,7 @@ def test_unknown_names_list_verls_registries() -> None:
         GRPOConfig(advantage="verl:gae")
     with pytest.raises(ConfigError, match="unknown policy loss 'clip'; choose 'ppo_clip'"):
         GRPOConfig(policy_loss="clip")
-    with pytest.raises(ConfigError, match="'verl:dro' needs policy_loss.dro_beta"):
+    with pytest.raises(ConfigError, match=r"'verl:dro' needs policy_loss\.dro_beta"):
         GRPOConfig(policy_loss="verl:dro")
     for name in ["verl:remax", "verl:optimal_token_baseline", "verl:gdpo"]:
         with pytest.raises(ConfigError, match="which fulgor's rollouts do not carry"):
