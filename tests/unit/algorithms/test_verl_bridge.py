@@ -306,5 +306,5 @@ def test_importing_verl_leaves_the_root_logger_alone() -> None:
 
 def test_without_verl_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "verl.trainer.ppo", None)
-    with pytest.raises(ImportError, match=r"pip install --no-deps -r requirements-verl.txt"):
+    with pytest.raises(ImportError, match=r"pip install --no-deps verl==0\.9\.1 tensordict==0\.10\.0"):
         GRPOConfig(advantage="verl:grpo")

@@ -17,6 +17,11 @@ vocabulary at every prompt and padding position is a large share of a small mode
 changes the loss or its gradient beyond float rounding: the loss is normalised per rollout over the
 whole batch, whatever rows share a micro-batch.
 
+With ``GRPOConfig(advantage="verl:NAME")`` the advantages come per token from verl's estimator
+(:mod:`fulgor.algorithms.verl`) instead of per rollout, and with ``policy_loss="verl:NAME"`` verl's
+loss takes the place of :func:`~fulgor.algorithms.grpo.core.policy_loss`; the rest of the step is
+the same.
+
 What it does not know: where trajectories come from (the adapter), how weights reach the engine,
 or when to validate (the trainer).
 """

@@ -48,9 +48,11 @@ __all__ = [
 
 PREFIX = "verl:"
 INSTALL = (
-    "the verl bridge needs verl 0.9.1 and the packages its pure functions import; install them with "
-    "`pip install --no-deps -r requirements-verl.txt` (in the fulgor repository; `make test` does it). "
-    "--no-deps because verl's declared dependencies pin transformers<5.11 and pull its GPU stack"
+    "the verl bridge needs verl 0.9.1 and the packages its pure functions import: `pip install --no-deps "
+    "verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 omegaconf==2.4.0 codetiming==1.4.0 cloudpickle==3.1.3` "
+    "(in a fulgor checkout, `pip install --no-deps -r requirements-verl.txt`; `make test` does it). "
+    "--no-deps because verl's declared dependencies pin transformers<5.11 and pull ray[default], "
+    "datasets and wandb, which these functions do not use"
 )
 # What fulgor's rollouts give an estimator: the arguments verl's trainer passes every estimator
 # (``compute_advantage`` in verl/trainer/ppo/ray_trainer.py), less a critic's values, a greedy
