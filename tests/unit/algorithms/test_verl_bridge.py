@@ -7,6 +7,7 @@ import copy
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,6 +303,13 @@ def test_importing_verl_leaves_the_root_logger_alone() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split() == ["0", str(logging.WARNING)]
+
+
+def test_this_repositorys_tests_package_is_not_shadowed_by_verls() -> None:
+    # verl 0.9.1's wheel ships a top-level `tests` package; the Makefile removes it after installing.
+    import tests
+
+    assert {Path(path).resolve() for path in tests.__path__} == {Path(__file__).resolve().parents[2]}
 
 
 def test_without_verl_the_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
