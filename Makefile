@@ -13,9 +13,17 @@ $(VENV)/.created:
 	$(PIP) install --upgrade pip
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
+# The verl bridge's tests run verl's pure functions (estimators, policy losses, DataProto). verl is
+# installed --no-deps: its declared dependencies pin transformers<5.11 and pull ray[default], datasets
+# and wandb; requirements-verl.txt lists the few packages those functions import. verl 0.9.1's wheel
+# also installs its own test suite and scripts as top-level `tests` and `scripts` packages, and that
+# `tests` would shadow this repository's: they are removed (verl's functions import neither).
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml requirements-verl.txt
 	$(PIP) install $(TORCH)
 	$(PIP) install -e '.[dev,torch,server,frameworks,ray,kubernetes,postgres,tracking,report]'
+	$(PIP) install --no-deps -r requirements-verl.txt
+	$(PY) -c 'import importlib.metadata as m, shutil; verl = m.distribution("verl"); \
+	    [shutil.rmtree(verl.locate_file(name), ignore_errors=True) for name in ("tests", "scripts")]'
 	touch $@
 
 lint: $(VENV)/.installed-test

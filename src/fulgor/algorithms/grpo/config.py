@@ -14,7 +14,10 @@ class GRPOConfig:
     """How the GRPO update behaves.
 
     ``advantage`` names an estimator in ``fulgor.algorithms.grpo.core.ADVANTAGE_ESTIMATORS``
-    (grpo, grpo_mean, rloo, reinforce_pp). ``mini_batches`` splits each batch (whole groups
+    (grpo, grpo_mean, rloo, reinforce_pp), or one verl registers as ``"verl:NAME"`` (``"verl:grpo"``;
+    see :mod:`fulgor.algorithms.verl`). ``policy_loss`` is fulgor's clipped loss normalised per
+    rollout (``"ppo_clip"``), or one verl registers as ``"verl:NAME"`` (``"verl:vanilla"``, with
+    verl's ``seq-mean-token-mean`` over rows). ``mini_batches`` splits each batch (whole groups
     together) into that many optimiser steps. ``clip_low``/``clip_high`` bound the ratio of the
     policy being updated to the policy the batch's update started from, to
     ``[1 - clip_low, 1 + clip_high]``: it is 1 in the first step of a batch, so with one step per
@@ -30,6 +33,7 @@ class GRPOConfig:
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
     advantage: str = "grpo"
+    policy_loss: str = "ppo_clip"
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
@@ -41,8 +45,20 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         from fulgor.algorithms.grpo.core import advantage_estimator
+        from fulgor.algorithms.verl import bridge
 
-        advantage_estimator(self.advantage)  # a ConfigError that lists the valid names
+        # Each lookup raises a ConfigError that lists the valid names.
+        if bridge.is_verl(self.advantage):
+            bridge.check_advantage(self.advantage)
+        else:
+            advantage_estimator(self.advantage)
+        if bridge.is_verl(self.policy_loss):
+            bridge.check_policy_loss(self.policy_loss)
+        elif self.policy_loss != "ppo_clip":
+            raise ConfigError(
+                f"unknown policy loss {self.policy_loss!r}; choose 'ppo_clip' (fulgor's) or one of verl's "
+                "as 'verl:NAME' ('verl:vanilla')"
+            )
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:

@@ -25,6 +25,7 @@ __all__ = [
     "PolicyLossOutput",
     "advantage_estimator",
     "broadcast_to_tokens",
+    "importance_weights",
     "kl_penalty",
     "policy_loss",
     "register_advantage",
@@ -174,7 +175,7 @@ def policy_loss(
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
     weight = torch.ones_like(ratio)
     if sampling_logprobs is not None:
-        weight = torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
+        weight = importance_weights(old_logprobs, sampling_logprobs, importance_cap)
     per_token = per_token * weight * mask
     if tokens_per_rollout is None:
         tokens_per_rollout = torch.zeros(n_rollouts, dtype=mask.dtype, device=mask.device).index_add_(
@@ -194,6 +195,15 @@ def policy_loss(
             ratio_max=(ratio * mask + (mask - 1) * 1e9).max() if mask.any() else ratio.new_tensor(1.0),
             importance_weight_mean=(weight * mask).sum() / count,
         )
+
+
+def importance_weights(
+    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, importance_cap: float
+) -> torch.Tensor:
+    """``[B, T]``: the truncated importance ratio ``min(exp(old - sampling), importance_cap)``, detached."""
+    import torch
+
+    return torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
 
 
 def kl_penalty(

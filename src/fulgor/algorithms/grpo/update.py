@@ -17,6 +17,11 @@ vocabulary at every prompt and padding position is a large share of a small mode
 changes the loss or its gradient beyond float rounding: the loss is normalised per rollout over the
 whole batch, whatever rows share a micro-batch.
 
+With ``GRPOConfig(advantage="verl:NAME")`` the advantages come per token from verl's estimator
+(:mod:`fulgor.algorithms.verl`) instead of per rollout, and with ``policy_loss="verl:NAME"`` verl's
+loss takes the place of :func:`~fulgor.algorithms.grpo.core.policy_loss`; the rest of the step is
+the same.
+
 What it does not know: where trajectories come from (the adapter), how weights reach the engine,
 or when to validate (the trainer).
 """
@@ -31,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 from fulgor.adapters.trajectory import Trajectory
 from fulgor.algorithms.grpo import prefix
 from fulgor.algorithms.grpo.config import GRPOConfig
-from fulgor.algorithms.grpo.core import advantage_estimator, kl_penalty, policy_loss
+from fulgor.algorithms.grpo.core import advantage_estimator, importance_weights, kl_penalty, policy_loss
+from fulgor.algorithms.verl import bridge as verl_bridge
 from fulgor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -71,6 +77,9 @@ class Batch:
     old_logprobs: torch.Tensor | None = None
     """The policy's logprobs before this batch's update began; None: the policy being updated is
     still that policy (the first optimiser step), so its own logprobs stand in."""
+    advantages: torch.Tensor | None = None
+    """``[B, T]`` advantages per token, when the estimator gives them so (verl's); None: each
+    rollout's advantage is broadcast to its tokens."""
 
     def to(self, device: Any) -> Batch:
         """The same batch on ``device`` (the model's)."""
@@ -82,6 +91,7 @@ class Batch:
             self.rollout_index.to(device),
             self.n_rollouts,
             None if self.old_logprobs is None else self.old_logprobs.to(device),
+            None if self.advantages is None else self.advantages.to(device),
         )
 
     def rows(self, index: torch.Tensor, width: int) -> Batch:
@@ -94,14 +104,20 @@ class Batch:
             self.rollout_index[index],
             self.n_rollouts,
             None if self.old_logprobs is None else self.old_logprobs[index, :width],
+            None if self.advantages is None else self.advantages[index, :width],
         )
 
 
-def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
+def collate(
+    trajectories: list[Trajectory],
+    pad_id: int = 0,
+    token_advantages: list[list[torch.Tensor]] | None = None,
+) -> Batch:
     """Right-pad every row of every trajectory; masks come from lengths, never from token values.
 
     A token at position 0 gets loss mask 0 whatever its row says: nothing precedes it, so no
     logprob of it can be computed (:func:`token_logprobs`) and it could only dilute the loss.
+    ``token_advantages`` (per trajectory, per row, ``[len(row)]``) become the batch's ``advantages``.
     """
     import torch
 
@@ -122,7 +138,12 @@ def collate(trajectories: list[Trajectory], pad_id: int = 0) -> Batch:
         sampling[b, :n] = torch.tensor(row.sampled_logprobs, dtype=torch.float32)
     loss_mask[:, 0] = 0
     rollout_index = torch.tensor([index for index, _ in rows], dtype=torch.long)
-    return Batch(input_ids, attention, loss_mask, sampling, rollout_index, len(trajectories))
+    batch = Batch(input_ids, attention, loss_mask, sampling, rollout_index, len(trajectories))
+    if token_advantages is not None:
+        batch.advantages = torch.zeros(shape, dtype=torch.float32)
+        for b, values in enumerate(row for per_row in token_advantages for row in per_row):
+            batch.advantages[b, : len(values)] = values
+    return batch
 
 
 def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
@@ -316,6 +337,14 @@ class PolicyUpdater:
         self.reference_model = reference_model
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.verl_loss: verl_bridge.VerlPolicyLoss | None = None
+        if verl_bridge.is_verl(config.policy_loss):
+            self.verl_loss = verl_bridge.VerlPolicyLoss(
+                config.policy_loss,
+                clip_low=config.clip_low,
+                clip_high=config.clip_high,
+                micro_batch_size=config.micro_batch_size,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """What continuing exactly needs besides the weights: the optimiser's moments and step counts,
@@ -340,8 +369,14 @@ class PolicyUpdater:
         if not trajectories:
             raise ConfigError("a policy update needs at least one trajectory; skip the update without one")
         device = next(self.model.parameters()).device
-        advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
-        advantages = advantages.to(device)
+        per_token = None
+        if verl_bridge.is_verl(self.config.advantage):
+            per_token = verl_bridge.token_advantages(trajectories, self.config.advantage)
+            no_signal = sum(not any(bool(row.any()) for row in rows) for rows in per_token)
+            advantages = torch.zeros(len(trajectories), device=device)  # per token instead
+        else:
+            advantages, no_signal = compute_advantages(trajectories, self.config.advantage)
+            advantages = advantages.to(device)
         self.model.train()
         # A rollout without rows here (another adapter's agents made its calls) still counts in its
         # group's advantages; a mini-batch of such rollouts alone has nothing to train.
@@ -354,7 +389,13 @@ class PolicyUpdater:
             raise ConfigError(
                 "a policy update needs at least one trajectory row; skip the update without one"
             )
-        batches = [collate([trajectories[i] for i in part]).to(device) for part in parts]
+        batches = [
+            collate(
+                [trajectories[i] for i in part],
+                token_advantages=None if per_token is None else [per_token[i] for i in part],
+            ).to(device)
+            for part in parts
+        ]
         for batch in batches[1:]:
             # Later steps take their ratio against the policy as it was before the first one.
             batch.old_logprobs = self._logprobs(batch)
@@ -387,6 +428,8 @@ class PolicyUpdater:
             0, batch.rollout_index, batch.loss_mask.sum(1)
         )
         total_tokens = float(batch.loss_mask.sum())
+        if self.verl_loss is not None:
+            self.verl_loss.start_batch(int((batch.loss_mask.sum(1) > 0).sum()), total_tokens)
         sums: dict[str, float] = {}
         share = shares_prefixes(self.model, batch)
         for wave in waves(batch, self.config.micro_batch_size, share):
@@ -400,11 +443,33 @@ class PolicyUpdater:
                     sums[key] = sums.get(key, 0.0) + value
             if prefixes is not None:
                 prefixes.backward()
-        if not self._kl_on() and not bool(advantages.any()):
+        signal = batch.advantages if batch.advantages is not None else advantages
+        if not self._kl_on() and not bool(signal.any()):
             return {**sums, "grad_norm": 0.0, "trained_tokens": total_tokens, "optimizer_steps": 0.0}
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         return {**sums, "grad_norm": float(grad_norm), "trained_tokens": total_tokens, "optimizer_steps": 1.0}
+
+    def _verl_policy_loss(
+        self,
+        verl_loss: verl_bridge.VerlPolicyLoss,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        sampling: torch.Tensor | None,
+        share: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """verl's policy loss on one micro-batch (its tokens ``share`` of the batch's) and its metrics."""
+        weights = None if sampling is None else importance_weights(old, sampling, self.config.importance_cap)
+        loss, clip_fraction = verl_loss(logprobs, old, advantages, mask, weights)
+        count = mask.sum().clamp(min=1.0)
+        weight_mean = 1.0 if weights is None else float((weights * mask).sum() / count)
+        return loss, {
+            "policy_loss": float(loss.detach()),
+            "clip_fraction": clip_fraction * share,
+            "importance_weight_mean": weight_mean * share,
+        }
 
     def _kl_on(self) -> bool:
         return self.reference_model is not None and self.config.kl_coef > 0
@@ -454,26 +519,36 @@ class PolicyUpdater:
         share = float(mask.sum()) / max(total_tokens, 1.0)  # this micro-batch's share of sampled tokens
         logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask, prefixes)
         old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
-        output = policy_loss(
-            logprobs,
-            old,
-            broadcast_to_tokens(advantages, part.rollout_index, mask),
-            mask,
-            part.rollout_index,
-            part.n_rollouts,
-            clip_low=self.config.clip_low,
-            clip_high=self.config.clip_high,
-            sampling_logprobs=part.sampling_logprobs if self.config.importance_correction else None,
-            importance_cap=self.config.importance_cap,
-            tokens_per_rollout=tokens_per_rollout,
-        )
-        loss = output.loss
-        metrics = {
-            "policy_loss": float(output.loss.detach()),
-            "clip_fraction": float(output.clip_fraction) * share,
-            "importance_weight_mean": float(output.importance_weight_mean) * share,
-            "entropy": float((entropy * mask).sum() / mask.sum().clamp(min=1)) * share,
-        }
+        if part.advantages is not None:
+            token_advantages = part.advantages * mask
+        else:
+            token_advantages = broadcast_to_tokens(advantages, part.rollout_index, mask)
+        sampling = part.sampling_logprobs if self.config.importance_correction else None
+        if self.verl_loss is not None:
+            loss, metrics = self._verl_policy_loss(
+                self.verl_loss, logprobs, old, token_advantages, mask, sampling, share
+            )
+        else:
+            output = policy_loss(
+                logprobs,
+                old,
+                token_advantages,
+                mask,
+                part.rollout_index,
+                part.n_rollouts,
+                clip_low=self.config.clip_low,
+                clip_high=self.config.clip_high,
+                sampling_logprobs=sampling,
+                importance_cap=self.config.importance_cap,
+                tokens_per_rollout=tokens_per_rollout,
+            )
+            loss = output.loss
+            metrics = {
+                "policy_loss": float(output.loss.detach()),
+                "clip_fraction": float(output.clip_fraction) * share,
+                "importance_weight_mean": float(output.importance_weight_mean) * share,
+            }
+        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1)) * share
         if self._kl_on():
             with torch.no_grad():
                 reference, _ = token_logprobs(
