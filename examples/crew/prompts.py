@@ -61,7 +61,9 @@ CALCULATOR_TOOL: dict[str, Any] = {
 CONTEXT_HEADER = "\n\nThis is the context you're working with:\n"
 
 
-def conversation_start(agent: dict[str, str], description: str, expected_output: str, context: str | None = None) -> list[dict[str, Any]]:
+def conversation_start(
+    agent: dict[str, str], description: str, expected_output: str, context: str | None = None
+) -> list[dict[str, Any]]:
     """The first two messages CrewAI 1.15 sends for ``agent`` on a task (a test holds this to what
     the gateway records).
 
