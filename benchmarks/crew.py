@@ -59,6 +59,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("examples").setLevel(logging.INFO)  # the warm start's loss, the stages
     options: dict[str, Any] = {"max_steps": args.steps, "sizes": SIZES, "val_every": 6}
     if args.quick:
         options = {"max_steps": 2, "sizes": (32, 4, 0), "val_every": 1}

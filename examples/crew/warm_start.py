@@ -50,8 +50,8 @@ class WarmStartConfig:
     """How long and how hard the warm start trains, and how often its solvers use the tool."""
 
     tool_fraction: float = 0.25
-    tool_steps: int = 1000
-    steps: int = 1150
+    tool_steps: int = 2000
+    steps: int = 2300
     batch_size: int = 8
     learning_rate: float = 2e-3
     seed: int = 0

@@ -197,3 +197,25 @@ def test_a_missing_crewai_environment_is_named_with_how_to_build_it(
     monkeypatch.setenv("FULGOR_CREWAI_PYTHON", str(tmp_path / "nowhere" / "python"))
     with pytest.raises(ConfigError, match=r"make \.frameworks/crewai/\.installed"):
         crewai_python()
+
+
+def test_the_crew_runs_with_crewais_telemetry_off() -> None:
+    # CrewAI's telemetry and trace upload would try to reach its vendor from every rollout.
+    env = CalcCrew().env
+    assert env["CREWAI_DISABLE_TELEMETRY"] == env["OTEL_SDK_DISABLED"] == "true"
+    assert env["CREWAI_TRACING_ENABLED"] == "false"
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_crews_reward_in_a_short_run(tmp_path: Path) -> None:
+    from examples.crew.train import run_crew
+    from fulgor.adapters import DriftReport
+
+    result = run_crew(tmp_path / "crew", seed=0, progress=False)  # the settings benchmarks/crew.py measures
+    validated = [m for m in result.history if "val_accuracy" in m]
+    rewards = [m["reward_mean"] for m in result.history if m["step"] > 0]
+    third = len(rewards) // 3
+    assert sum(rewards[-third:]) / third >= sum(rewards[:third]) / third + 0.2, rewards
+    assert validated[-1]["val_accuracy"] >= validated[0]["val_accuracy"] + 0.25, validated
+    for metrics in result.history:
+        assert all(metrics.get(f"drift/{name}", 0) == 0 for name in DriftReport.LOSSES), metrics
