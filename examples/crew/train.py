@@ -1,5 +1,6 @@
-"""The crew learns: a small model built here is warm-started and trained with GRPO through the
-unchanged CrewAI crew, on a CPU.
+"""The crew learns: a tiny model built here, warm-started, then trained with GRPO through the crew.
+
+The crew is the unchanged CrewAI crew of :mod:`examples.crew.agent`, and all of it runs on a CPU.
 
 Three stages, each reusing what an earlier run of the same run directory already made:
 

@@ -1,5 +1,4 @@
-"""The crew's warm start: a short SFT on synthetic runs of the crew, so the model knows both agents'
-formats.
+"""The crew's warm start: a short SFT on synthetic crew runs, so the model knows both agents' formats.
 
 A freshly built model writes noise; GRPO needs the crew to succeed sometimes before it can learn
 from its own rollouts. The warm start shows the model worked runs of training problems in the exact
