@@ -28,6 +28,8 @@ MODULES = [
     "examples.sql.database",
     "examples.sql.dataset",
     "examples.sql.execution",
+    "examples.crew.prompts",
+    "examples.crew.warm_start",
 ]
 
 

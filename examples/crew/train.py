@@ -1,0 +1,131 @@
+"""The crew learns: a tiny model built here, warm-started, then trained with GRPO through the crew.
+
+The crew is the unchanged CrewAI crew of :mod:`examples.crew.agent`, and all of it runs on a CPU.
+
+Three stages, each reusing what an earlier run of the same run directory already made:
+
+1. ``base``: ``fulgor model init`` builds a ~1M-parameter model, its tokenizer fitted to the crew's
+   texts (:func:`examples.crew.warm_start.corpus`).
+2. ``warm``: a short SFT on synthetic crew runs whose solver uses the calculator only sometimes
+   (:mod:`examples.crew.warm_start`): the model knows both agents' formats, but mostly guesses.
+3. ``grpo``: :class:`fulgor.Trainer` runs the crew (:class:`examples.crew.runner.CalcCrew`, one
+   CrewAI process per rollout) through the real store, gateway, local engine and a runner process,
+   and GRPO trains both agents' calls on the rewards; validation (greedy, held-out problems)
+   before the first step, every ``val_every`` steps and after the last.
+
+    python -m examples.crew.train --run-dir runs/crew --steps 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from examples.calc.dataset import make_splits
+from examples.calc.train import DemoResult
+from examples.crew.runner import CalcCrew
+from examples.crew.warm_start import WarmStartConfig, corpus, warm_start
+
+__all__ = ["SIZES", "crew_grpo", "run_crew"]
+
+logger = logging.getLogger("examples.crew")
+
+MODEL_NAME = "crew-tiny"
+# Train, validation (held out, greedy) and unused test problems: each rollout starts a CrewAI
+# process (about 2.5 s of CPU before the first model call), so validation stays small.
+SIZES = (512, 24, 0)
+
+
+def crew_grpo(
+    seed: int = 0, max_steps: int = 12, max_seconds: float | None = None, val_every: int = 6
+) -> Any:
+    """The GRPO settings of the crew's run: steps of 16 rollouts (4 problems x 4)."""
+    from fulgor import GRPO
+    from fulgor.algorithms.grpo import GRPOConfig
+
+    return GRPO(
+        group_size=4,
+        batch_tasks=4,
+        max_steps=max_steps,
+        max_seconds=max_seconds,
+        val_every=val_every,
+        temperature=1.0,
+        max_tokens=40,
+        seed=seed,
+        config=GRPOConfig(learning_rate=5e-4, micro_batch_size=64),
+    )
+
+
+def run_crew(
+    run_dir: Path,
+    *,
+    seed: int = 0,
+    max_steps: int = 12,
+    val_every: int = 6,
+    warm: WarmStartConfig | None = None,
+    progress: bool = True,
+    sizes: tuple[int, int, int] = SIZES,
+) -> DemoResult:
+    """Build, warm-start and train; every stage's output lands under ``run_dir``. The result's
+    ``history`` holds each step's metrics (``reward_mean``, and ``val_accuracy`` where validated)."""
+    from fulgor import Trainer
+    from fulgor.engine.local import EngineConfig
+    from fulgor.engine.models import init_model
+    from fulgor.training.checkpoints import set_torch_threads
+
+    result = DemoResult(run_dir)
+    splits = make_splits(seed, sizes)
+    base, warmed = run_dir / "base", run_dir / "warm"
+    started = time.perf_counter()
+    if not (base / "config.json").is_file():
+        logger.info("[1/3] building a tiny model and its tokenizer in %s", base)
+        init_model(base, "tiny", seed=seed, corpus=corpus(splits["train"]))
+    result.seconds["build_model"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    if not (warmed / "config.json").is_file():
+        logger.info("[2/3] warm start: SFT on synthetic crew runs (the tool in some of them)")
+        set_torch_threads(1)
+        warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed))
+    result.seconds["warm_start"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    logger.info("[3/3] GRPO: %d steps through the crew, store, gateway, engine and runners", max_steps)
+    trainer = Trainer(
+        algorithm=crew_grpo(seed, max_steps, val_every=val_every),
+        engine=EngineConfig(model=warmed, served_model_name=MODEL_NAME, device="cpu", seed=seed),
+        run_dir=run_dir / "grpo",
+        n_runners=1,
+        max_concurrency=16,
+        torch_threads=1,
+        progress=progress,
+    )
+    result.history = trainer.fit(CalcCrew(), splits["train"], splits["val"])
+    result.seconds["grpo"] = time.perf_counter() - started
+    (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--run-dir", type=Path, help="default: runs/crew-<date>-<time>")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=12, help="GRPO steps")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    run_dir = args.run_dir or Path("runs") / time.strftime("crew-%Y%m%d-%H%M%S")
+    result = run_crew(run_dir, seed=args.seed, max_steps=args.steps)
+    for metrics in result.history:
+        validated = (
+            f"  validation accuracy {metrics['val_accuracy']:.1%}" if "val_accuracy" in metrics else ""
+        )
+        print(f"step {metrics['step']:>3}  reward {metrics.get('reward_mean', float('nan')):.3f}{validated}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
