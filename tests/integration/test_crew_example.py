@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
+
+from tests.engine_support import assert_logprobs_of
 
 from examples.calc.dataset import make_splits
 from examples.crew.prompts import CALCULATOR_TOOL
@@ -56,23 +57,6 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall]]]:
         await store.close()
 
 
-def assert_sampled_by(model: Any, call: ModelCall) -> None:
-    """The recorded logprobs are ``model``'s own for exactly the recorded ids (which re-tokenised
-    text would not give)."""
-    import torch
-
-    assert not call.token_ids_missing
-    prompt, output = call.prompt_token_ids or [], call.response_token_ids or []
-    assert prompt
-    assert output
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0].float()
-    expected = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : -1].gather(
-        -1, torch.tensor(output)[:, None]
-    )
-    assert torch.allclose(torch.tensor(call.response_logprobs), expected.squeeze(-1), atol=1e-3)
-
-
 def crew_processes() -> list[str]:
     listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in listing.splitlines() if "examples.crew.agent" in line]
@@ -101,7 +85,7 @@ def test_each_crew_members_calls_are_recorded_with_the_engines_ids_and_its_name(
         assert names[-1] == "reporter"
         assert set(names) == {"solver", "reporter"}
         for call in calls:
-            assert_sampled_by(model, call)  # the engine's ids and logprobs, exactly
+            assert_logprobs_of(model, call)  # the engine's ids and logprobs, exactly
             if call.agent_name == "solver":  # only the solver is offered the calculator
                 assert call.request["tools"] == [CALCULATOR_TOOL]
             else:
