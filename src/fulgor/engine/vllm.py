@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
+from fulgor.engine._vllm_weights import reload_view
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.loading import AdapterSet, adapter_set
 from fulgor.net.sockets import bind_socket
@@ -156,6 +157,8 @@ class VLLMServer:
         self._monitor: threading.Thread | None = None
         self._failure: str | None = None
         self._log_path = config.log_path or Path(tempfile.mkdtemp(prefix="fulgor-vllm-")) / "vllm.log"
+        self._scratch: Path | None = None
+        """Where reloads write what vLLM reads besides the checkpoint (:mod:`._vllm_weights`)."""
         # The orphan guard's pipe (fulgor.engine._orphan_guard): only this process holds the write
         # end, so vLLM is stopped when this process ends without stopping it. Made at the first launch.
         self._guard_pipe: tuple[int, int] | None = None
@@ -165,6 +168,12 @@ class VLLMServer:
         if self.config.url:
             return self.config.url.rstrip("/")
         return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The process leading vLLM's session (its process group); None before a launch, and for a
+        server given by ``url``."""
+        return None if self._process is None else self._process.pid
 
     @property
     def model_name(self) -> str:
@@ -364,9 +373,15 @@ class VLLMServer:
 
     def _reload_in_place(self, source: Path) -> None:
         """Load full weights into the running vLLM, then drop the prefix cache the old ones filled."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="fulgor-vllm-weights-"))
+        try:
+            weights = reload_view(source, self._scratch / "weights")
+        except (OSError, ValueError, KeyError) as exc:
+            raise VLLMError(f"cannot read the checkpoint at {source}: {exc}") from exc
         self._post(
             "/collective_rpc",
-            {"method": "reload_weights", "kwargs": {"weights_path": str(source.resolve())}},
+            {"method": "reload_weights", "kwargs": {"weights_path": str(weights.resolve())}},
         )
         self._post("/reset_prefix_cache", {})
         self._model = str(source)  # a restart after a crash starts on these weights
@@ -405,6 +420,9 @@ class VLLMServer:
             for fd in self._guard_pipe:
                 os.close(fd)
             self._guard_pipe = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
         self._stopped.set()
 
     def __enter__(self) -> VLLMServer:
