@@ -1,6 +1,6 @@
 """The real vLLM (its CPU build, from ``.frameworks/vllm``) under fulgor's supervisor, on a small model
 built here: the flags it is launched with, token ids and logprobs through the gateway (streamed and
-not), full weights reloaded in place, LoRA adapters served by name, and a restart after a crash.
+not), full weights reloaded in place, LoRA adapters served by name, and a restart after it hangs.
 
 One server serves the whole module (vLLM takes 30-80 s to start on 2 cores); the tests run in file
 order and each says which weights it leaves served.
@@ -173,16 +173,17 @@ def test_lora_adapters_load_and_serve_by_name(server: VLLMServer, model: Path, t
     assert _logprobs(_chat(server)) != pytest.approx(_logprobs(adapted), abs=1e-3)
 
 
-def test_a_crashed_vllm_restarts_on_its_newest_weights(server: VLLMServer) -> None:
+def test_a_hung_vllm_is_restarted_on_its_newest_weights(server: VLLMServer) -> None:
     """After the tests before: the perturbed full weights, and the second adapter over them."""
     served = _logprobs(_chat(server))
     pid = server.pid
     assert pid is not None
-    os.killpg(pid, signal.SIGKILL)  # vLLM and everything it started, as an out-of-memory kill would
+    # vLLM and everything it started stop answering: health checks fail, and SIGTERM waits unhandled.
+    os.killpg(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 600
     while not (server.restarts == 1 and server.model_name in _served(server)):
         assert time.monotonic() < deadline, "vLLM was not restarted with its adapter"
         time.sleep(1)
     assert server.pid != pid
-    assert not process_group(pid)
+    assert not process_group(pid)  # the hung processes were killed, not left behind
     assert _logprobs(_chat(server)) == pytest.approx(served, abs=1e-4)
