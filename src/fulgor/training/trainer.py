@@ -689,7 +689,10 @@ class Trainer:
 
 
 def _upstream(
-    engine: EngineConfig | VLLMConfig | None, upstream: str | Upstream | None, api_key: str | None, model: str | None
+    engine: EngineConfig | VLLMConfig | None,
+    upstream: str | Upstream | None,
+    api_key: str | None,
+    model: str | None,
 ) -> Upstream | None:
     """The upstream the trainer sends calls to, or None for the local engine; exactly one is given."""
     if (engine is None) == (upstream is None):
