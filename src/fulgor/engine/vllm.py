@@ -44,8 +44,8 @@ from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine._vllm_weights import reload_view
-from fulgor.engine.errors import VLLMError
-from fulgor.engine.loading import AdapterSet, adapter_set
+from fulgor.engine.errors import ModelLoadError, VLLMError
+from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
 from fulgor.net.sockets import bind_socket
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
@@ -186,8 +186,9 @@ class VLLMServer:
         return self._failure
 
     def start(self) -> str:
-        """Launch vLLM and wait until it is healthy; returns its base URL. Given ``url``, only
-        checks that the running server answers."""
+        """Launch vLLM and wait until it is healthy; returns its base URL. A LoRA adapter as
+        ``model`` launches its base and loads the adapter as version ``model_version`` (a resumed
+        run's newest checkpoint). Given ``url``, only checks that the running server answers."""
         if self.config.url:
             if not self.healthy():
                 raise VLLMError(
@@ -195,9 +196,21 @@ class VLLMServer:
                     "weight reloads) or fix VLLMConfig(url=...)"
                 )
             return self.url
+        adapter = Path(self._model)
+        if (adapter / "adapter_config.json").is_file():
+            try:
+                self._model = str(adapter_base(adapter))
+            except ModelLoadError as exc:
+                raise VLLMError(exc.message) from exc
         with self._lock:
             self._launch()
             self._wait_healthy()
+            if str(adapter) != self._model:
+                try:
+                    self._load_adapter(adapter, self.model_version)
+                except VLLMError:
+                    self._terminate()
+                    raise
         self._monitor = threading.Thread(target=self._supervise, name="fulgor-vllm-supervisor", daemon=True)
         self._monitor.start()
         return self.url
@@ -331,7 +344,7 @@ class VLLMServer:
             if adapters is not None:
                 self._load_adapters(adapters)
             elif (source / "adapter_config.json").is_file():
-                self._load_adapter(source)
+                self._load_adapter(source, self.model_version + 1)
             elif (source / "config.json").is_file():
                 self._reload_in_place(source)
             else:
@@ -340,10 +353,10 @@ class VLLMServer:
             logger.info("vLLM now serves version %d from %s", self.model_version, source)
             return self.model_version
 
-    def _load_adapter(self, source: Path) -> None:
+    def _load_adapter(self, source: Path, version: int) -> None:
         if not self.config.enable_lora:
-            raise VLLMError("LoRA reloads need VLLMConfig(enable_lora=True)")
-        name = f"{self.config.model_name}-v{self.model_version + 1}"
+            raise VLLMError("LoRA adapters need VLLMConfig(enable_lora=True)")
+        name = f"{self.config.model_name}-v{version}"
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(source)})
         self._unload_adapters()
         self._adapters_loaded[name] = str(source)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
 from fulgor.engine.loading import checkpoint_kind
+from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
@@ -75,7 +76,6 @@ from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, Rol
 if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
     from fulgor.engine.local import EngineConfig
-    from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import Upstream
     from fulgor.training.tracking import Tracker
 
@@ -433,6 +433,8 @@ class Trainer:
                 served_model_name=self.engine.model_name,
                 model_version=model_version,
             )
+            if isinstance(target, VLLMConfig) and getattr(self.algorithm, "lora", None) is not None:
+                target = replace(target, enable_lora=True)  # vLLM: each update publishes an adapter
         store = self.store if self.store is not None else await open_run_store(self.run_dir)
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm_support import process_group
 
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.vllm import VLLMConfig, VLLMServer, build_command
@@ -233,3 +234,23 @@ def test_one_adapter_per_agent_loads_each_under_a_name_of_its_own(tmp_path: Path
     ]
     with VLLMServer(_config(tmp_path)) as one, pytest.raises(VLLMError, match="max_loras=2"):
         one.reload_weights(checkpoint)
+
+
+def test_an_adapter_as_the_model_launches_its_base_and_loads_it(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    adapter = tmp_path / "step-3"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    config = _config(tmp_path, model=adapter, served_model_name="policy", model_version=3)
+    with VLLMServer(config) as server:
+        assert (server.model_version, server.model_name) == (3, "policy-v3")
+    launch, load = _events(tmp_path / "stand_in.jsonl")
+    assert launch["argv"][1] == str(base)
+    assert load["body"] == {"lora_name": "policy-v3", "lora_path": str(adapter)}
+    without_lora = VLLMServer(_config(tmp_path, model=adapter, enable_lora=False))
+    with pytest.raises(VLLMError, match="enable_lora=True"):
+        without_lora.start()
+    assert without_lora.pid is not None
+    assert not process_group(without_lora.pid)  # the launched vLLM was stopped
+    without_lora.stop()
