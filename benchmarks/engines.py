@@ -150,6 +150,14 @@ def measure_local(size: str, model: Path, moved: Path, args: argparse.Namespace)
     return row
 
 
+def _reason(log: str, otherwise: str) -> str:
+    """vLLM's own words for refusing the model (its CPU attention's), else ``otherwise``."""
+    for line in reversed(log.splitlines()):
+        if "Unsupported" in line:
+            return line[line.index("Unsupported") :].split("'")[0].strip()[:100]
+    return otherwise[:100]
+
+
 def measure_vllm(size: str, model: Path, moved: Path, args: argparse.Namespace, log_dir: Path) -> Row:
     row = Row("vllm", size)
     config = VLLMConfig(
@@ -173,8 +181,7 @@ def measure_vllm(size: str, model: Path, moved: Path, args: argparse.Namespace, 
     try:
         server.start()
     except VLLMError as error:
-        reasons = [line for line in error.message.splitlines() if "Unsupported" in line or "Error" in line]
-        row.refused = (reasons or ["vLLM did not start"])[-1].strip()[-120:]
+        row.refused = _reason(error.message, "vLLM did not start")
         server.stop()
         return row
     try:
@@ -183,8 +190,7 @@ def measure_vllm(size: str, model: Path, moved: Path, args: argparse.Namespace, 
         row.publish_seconds = _time_publishes(server.reload_weights, [moved, model], args.publishes)
     except NotServedError as error:
         log = config.log_path.read_text(errors="replace") if config.log_path else ""
-        reasons = [line for line in log.splitlines() if "Unsupported" in line]
-        row.refused = (reasons or [str(error)])[-1].strip()[-120:]
+        row.refused = _reason(log, str(error))
     finally:
         server.stop()
     return row
