@@ -41,16 +41,18 @@ async def calls_by_step(path: Path) -> dict[int, list[ModelCall]]:
         await store.close()
 
 
-def vllm_processes(model: Path) -> list[str]:
-    """The command lines of live processes that name ``model`` (vLLM serving it)."""
-    found = []
+def vllm_processes(model: Path) -> set[int]:
+    """Live processes of vLLM: its server naming ``model``, and every engine core and worker (their
+    command lines are ``VLLM::...``)."""
+    found = set()
     for entry in Path("/proc").iterdir():
         try:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        if "vllm" in command and str(model) in command:
-            found.append(command)
+        if state != "Z" and (command.startswith("VLLM::") or ("vllm" in command and str(model) in command)):
+            found.add(int(entry.name))
     return found
 
 
@@ -71,11 +73,12 @@ def test_grpo_publishes_each_update_to_vllm(tmp_path: Path, one_torch_thread: No
         torch_threads=1,
         progress=False,
     )
+    before = vllm_processes(model)
     history = trainer.fit(calc_digits, make_splits(seed=0, sizes=(8, 4, 4))["train"])
     assert [m["step"] for m in history] == list(range(1, STEPS + 1))
     assert [m["model_version"] for m in history] == list(range(1, STEPS + 1))
     assert all(m["rollouts_failed"] == 0 and "update_skipped" not in m for m in history)
-    assert not vllm_processes(model)  # the trainer stopped the vLLM it started
+    assert not vllm_processes(model) - before  # the trainer stopped vLLM and all it started
     # Version v served step v+1: the base first, then checkpoints/step-v.
     weights = [model] + [tmp_path / "run" / "checkpoints" / f"step-{v}" for v in range(1, STEPS)]
     calls = asyncio.run(calls_by_step(tmp_path / "run" / "store.sqlite"))
