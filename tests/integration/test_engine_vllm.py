@@ -1,4 +1,6 @@
-"""A real vLLM under fulgor's supervisor: token ids, logprobs and a weight reload (needs a CUDA GPU)."""
+"""A real vLLM under fulgor's supervisor on a CUDA GPU: token ids, logprobs and a weight reload in
+place. Not run by CI (no GPU there); the same checks run on vLLM's CPU build in the tests marked
+``vllm`` (``test_vllm_server.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ pytestmark = pytest.mark.gpu
 
 def test_vllm_returns_token_ids_and_reloads_weights(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
+    from tests.vllm_support import perturbed_copy
+
     from fulgor.engine.models import init_model
     from fulgor.engine.vllm import VLLMConfig, VLLMServer
 
@@ -22,6 +26,7 @@ def test_vllm_returns_token_ids_and_reloads_weights(tmp_path: Path) -> None:
             "model": server.model_name,
             "messages": [{"role": "user", "content": "What is 2 + 3?"}],
             "max_tokens": 8,
+            "temperature": 0,
             "logprobs": True,
             "return_token_ids": True,
         }
@@ -34,6 +39,10 @@ def test_vllm_returns_token_ids_and_reloads_weights(tmp_path: Path) -> None:
             == response["usage"]["completion_tokens"]
         )
         assert all(entry["token"].startswith("token_id:") for entry in choice["logprobs"]["content"])
-        assert server.reload_weights(model) == 1
-        again = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
-        assert again.status_code == 200
+        pid = server.pid
+        assert server.reload_weights(perturbed_copy(model, tmp_path / "step-1", seed=1)) == 1
+        again = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json()
+        before = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        after = [entry["logprob"] for entry in again["choices"][0]["logprobs"]["content"]]
+        assert after != pytest.approx(before, abs=1e-3)  # the new weights serve
+        assert (server.pid, server.restarts) == (pid, 0)  # without a restart

@@ -22,6 +22,7 @@ from fulgor.engine.loading import LoadedModel, load_model
 from fulgor.engine.local import EngineConfig, LocalEngine, WeightSwap
 from fulgor.engine.models import MODEL_SIZES, init_model
 from fulgor.engine.sampling import SamplingParams
+from fulgor.engine.vllm import VLLMConfig, VLLMServer
 
 __all__ = [
     "MODEL_SIZES",
@@ -37,7 +38,9 @@ __all__ = [
     "ModelLoadError",
     "SamplingParams",
     "UnknownModelError",
+    "VLLMConfig",
     "VLLMError",
+    "VLLMServer",
     "WeightSwap",
     "init_model",
     "load_model",

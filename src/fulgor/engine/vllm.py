@@ -1,17 +1,24 @@
-"""Launching and supervising ``vllm serve`` as fulgor's engine on GPUs.
+"""Launching and supervising vLLM as fulgor's engine (the fast path on GPUs; vLLM's CPU build too).
 
 ``VLLMServer`` starts vLLM with the flags training needs (logprobs, token ids, Hermes tool calls,
 request-controlled sampling), waits until ``/health`` answers, restarts the process when it exits or
-stops answering, and reloads weights: a LoRA adapter through vLLM's runtime adapter loading (no
-restart; clients then use the adapter's model name), full weights by restarting vLLM on the new
-checkpoint. Each reload makes ``model_version`` N+1.
+stops answering, and reloads weights without a restart: full weights in place through vLLM's
+``POST /collective_rpc`` (``reload_weights``, then ``/reset_prefix_cache`` so no prompt is served
+from a cache the old weights computed), a LoRA adapter through vLLM's runtime adapter loading
+(clients then use the adapter's model name, and the adapter it replaces is unloaded). Each reload
+makes ``model_version`` N+1. Both admin routes exist only when vLLM runs with
+``VLLM_SERVER_DEV_MODE=1`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which the supervisor
+sets; they let any client that reaches the port change the weights, so vLLM listens on loopback
+unless ``host`` says otherwise. Given ``url``, the server is one that runs already (started with
+those two variables): nothing is launched or stopped, and reloads go to its admin routes.
 
 Clients ask for token ids per request with ``"return_token_ids": true`` (vLLM >= 0.10.2). Streamed
 chat with a tool or reasoning parser (the Hermes tool parser is on here) lost the ids and logprobs
 of the deltas the parser held back, so their lengths still agree (vLLM issue #27482, fixed by PR
 #29074). The gateway guards every version: it compares the ids with ``usage.completion_tokens``
 and flags a call whose counts differ ``token_ids_missing``, so it is never trained on. vLLM itself
-is never imported here; it only has to be on PATH.
+is never imported here: ``command`` runs it (``vllm serve`` on PATH by default; a virtual
+environment's ``python -m vllm.entrypoints.openai.api_server`` works too, and gets ``--model``).
 
 vLLM runs in a session of its own (a terminal's Ctrl+C reaches only its supervisor, which stops it
 in order), under :mod:`fulgor.engine._orphan_guard`, which stops it should the supervisor's process
@@ -36,8 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
-from fulgor.engine.errors import VLLMError
-from fulgor.engine.loading import AdapterSet, adapter_set
+from fulgor.engine._vllm_weights import reload_view
+from fulgor.engine.errors import ModelLoadError, VLLMError
+from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
 from fulgor.net.sockets import bind_socket
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
@@ -47,9 +55,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    """How to launch and supervise ``vllm serve``."""
+    """How to launch and supervise vLLM; also the Trainer's engine config (``Trainer(engine=...)``).
 
-    model: str
+    ``model`` is the model directory vLLM serves first (and the Trainer trains from), served as
+    version ``model_version``; ``device`` is where the Trainer trains its own copy of the weights
+    (vLLM serves on its own device). ``url`` names a running vLLM server to use instead of
+    launching one.
+    """
+
+    model: str | Path
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
@@ -61,6 +75,10 @@ class VLLMConfig:
     max_loras: int = 1
     """Adapters vLLM keeps loaded at once: one per agent with one LoRA adapter per agent."""
     gpu_memory_utilization: float | None = None
+    dtype: str | None = None
+    url: str | None = None
+    device: str = "auto"
+    model_version: int = 0
     extra_args: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
     command: tuple[str, ...] = ("vllm", "serve")
@@ -77,8 +95,10 @@ class VLLMConfig:
 
 
 def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
-    """The ``vllm serve`` command line for ``model`` on ``port``."""
-    command = [*config.command, model, "--host", config.host, "--port", str(port)]
+    """The command line serving ``model`` on ``port``: ``vllm serve`` takes the model first, vLLM's
+    ``api_server`` module as ``--model``."""
+    where = [model] if config.command[-1] == "serve" else ["--model", model]
+    command = [*config.command, *where, "--host", config.host, "--port", str(port)]
     command += ["--served-model-name", config.model_name]
     command += ["--max-logprobs", str(config.max_logprobs), "--return-tokens-as-token-ids"]
     # Sampling follows the request alone, not defaults from the model's generation_config.json.
@@ -93,6 +113,8 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
         command += ["--max-loras", str(config.max_loras)]
     if config.gpu_memory_utilization is not None:
         command += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.dtype is not None:
+        command += ["--dtype", config.dtype]
     if config.api_key:
         command += ["--api-key", config.api_key]
     return command + list(config.extra_args)
@@ -100,6 +122,8 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
 
 def _environment(config: VLLMConfig) -> dict[str, str]:
     env = {**os.environ, **config.env}
+    # /collective_rpc (full weights in place) and /reset_prefix_cache exist only in dev mode.
+    env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env
@@ -117,13 +141,15 @@ class VLLMServer:
 
     def __init__(self, config: VLLMConfig) -> None:
         self.config = config
-        self.port = config.port or _free_port(config.host)
-        self.model_version = 0
+        self.port = config.port or (0 if config.url else _free_port(config.host))
+        self.model_version = config.model_version
         self.restarts = 0
-        self._model = config.model
+        self._model = str(config.model)
         self._served_name = config.model_name
         self.adapter_names: dict[str, str] = {}
         """With one LoRA adapter per agent: the name vLLM serves each under now, by adapter name."""
+        self._adapters_loaded: dict[str, str] = {}
+        """The LoRA adapters loaded now (served name: path), loaded again after a restart."""
         self._process: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -131,13 +157,23 @@ class VLLMServer:
         self._monitor: threading.Thread | None = None
         self._failure: str | None = None
         self._log_path = config.log_path or Path(tempfile.mkdtemp(prefix="fulgor-vllm-")) / "vllm.log"
+        self._scratch: Path | None = None
+        """Where reloads write what vLLM reads besides the checkpoint (:mod:`._vllm_weights`)."""
         # The orphan guard's pipe (fulgor.engine._orphan_guard): only this process holds the write
         # end, so vLLM is stopped when this process ends without stopping it. Made at the first launch.
         self._guard_pipe: tuple[int, int] | None = None
 
     @property
     def url(self) -> str:
+        if self.config.url:
+            return self.config.url.rstrip("/")
         return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The process leading vLLM's session (its process group); None before a launch, and for a
+        server given by ``url``."""
+        return None if self._process is None else self._process.pid
 
     @property
     def model_name(self) -> str:
@@ -150,10 +186,31 @@ class VLLMServer:
         return self._failure
 
     def start(self) -> str:
-        """Launch vLLM and wait until it is healthy; returns its base URL."""
+        """Launch vLLM and wait until it is healthy; returns its base URL. A LoRA adapter as
+        ``model`` launches its base and loads the adapter as version ``model_version`` (a resumed
+        run's newest checkpoint). Given ``url``, only checks that the running server answers."""
+        if self.config.url:
+            if not self.healthy():
+                raise VLLMError(
+                    f"no vLLM answers at {self.url}/health; start it (with VLLM_SERVER_DEV_MODE=1 for "
+                    "weight reloads) or fix VLLMConfig(url=...)"
+                )
+            return self.url
+        adapter = Path(self._model)
+        if (adapter / "adapter_config.json").is_file():
+            try:
+                self._model = str(adapter_base(adapter))
+            except ModelLoadError as exc:
+                raise VLLMError(exc.message) from exc
         with self._lock:
             self._launch()
             self._wait_healthy()
+            if str(adapter) != self._model:
+                try:
+                    self._load_adapter(adapter, self.model_version)
+                except VLLMError:
+                    self._terminate()
+                    raise
         self._monitor = threading.Thread(target=self._supervise, name="fulgor-vllm-supervisor", daemon=True)
         self._monitor.start()
         return self.url
@@ -236,8 +293,6 @@ class VLLMServer:
         with self._lock:
             if self._stopping.is_set():
                 return False
-            if self._process is not process:
-                return True  # a full-weights reload replaced it on purpose
             if self.restarts >= self.config.max_restarts:
                 self._failure = (
                     f"vLLM stopped (exit code {code}) and was restarted {self.restarts} times already"
@@ -249,6 +304,8 @@ class VLLMServer:
             try:
                 self._launch()
                 self._wait_healthy()
+                for name, source in self._adapters_loaded.items():
+                    self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": source})
             except VLLMError as exc:
                 logger.error("restarting vLLM failed: %s", exc.message)
             return True
@@ -277,8 +334,9 @@ class VLLMServer:
 
         A LoRA adapter (a directory with ``adapter_config.json``) loads at runtime and clients use
         :attr:`model_name` afterwards; one adapter per agent (a directory with ``adapters.json``)
-        loads each at runtime, under the names :attr:`adapter_names` gives; full weights restart
-        vLLM on the new checkpoint, so pause traffic first (the gateway drains before it reloads).
+        loads each at runtime, under the names :attr:`adapter_names` gives; full weights load in
+        place (a restart after a crash starts on them). Pause traffic first (the gateway drains
+        before it reloads): a call running across the reload may see both versions.
         """
         source = Path(path)
         with self._lock:
@@ -286,21 +344,29 @@ class VLLMServer:
             if adapters is not None:
                 self._load_adapters(adapters)
             elif (source / "adapter_config.json").is_file():
-                self._load_adapter(source)
+                self._load_adapter(source, self.model_version + 1)
             elif (source / "config.json").is_file():
-                self._restart_on(str(source))
+                self._reload_in_place(source)
             else:
                 raise VLLMError(f"no checkpoint at {source}: expected config.json or adapter_config.json")
             self.model_version += 1
             logger.info("vLLM now serves version %d from %s", self.model_version, source)
             return self.model_version
 
-    def _load_adapter(self, source: Path) -> None:
+    def _load_adapter(self, source: Path, version: int) -> None:
         if not self.config.enable_lora:
-            raise VLLMError("LoRA reloads need VLLMConfig(enable_lora=True)")
-        name = f"{self.config.model_name}-v{self.model_version + 1}"
+            raise VLLMError("LoRA adapters need VLLMConfig(enable_lora=True)")
+        name = f"{self.config.model_name}-v{version}"
         self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(source)})
+        self._unload_adapters()
+        self._adapters_loaded[name] = str(source)
         self._served_name = name
+
+    def _unload_adapters(self) -> None:
+        """Unload the adapters the ones just loaded replace (vLLM would keep them in memory)."""
+        for name in list(self._adapters_loaded):
+            self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            del self._adapters_loaded[name]
 
     def _load_adapters(self, adapters: AdapterSet) -> None:
         """One adapter per agent: each loads under ``MODEL-NAME-vN`` (vLLM keeps an adapter's name
@@ -314,14 +380,26 @@ class VLLMServer:
         for name, source in adapters.adapters.items():
             names[name] = f"{self.config.model_name}-{name}-v{self.model_version + 1}"
             self._post("/v1/load_lora_adapter", {"lora_name": names[name], "lora_path": str(source)})
+        self._unload_adapters()
+        self._adapters_loaded = {names[name]: str(source) for name, source in adapters.adapters.items()}
         self.adapter_names = names
 
-    def _restart_on(self, model: str) -> None:
-        self._terminate()
-        self._model = model
+    def _reload_in_place(self, source: Path) -> None:
+        """Load full weights into the running vLLM, then drop the prefix cache the old ones filled."""
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="fulgor-vllm-weights-"))
+        try:
+            weights = reload_view(source, self._scratch / "weights")
+        except (OSError, ValueError, KeyError) as exc:
+            raise VLLMError(f"cannot read the checkpoint at {source}: {exc}") from exc
+        self._post(
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(weights.resolve())}},
+        )
+        self._post("/reset_prefix_cache", {})
+        self._model = str(source)  # a restart after a crash starts on these weights
+        self._unload_adapters()
         self._served_name = self.config.model_name
-        self._launch()
-        self._wait_healthy()
 
     def _terminate(self, timeout_seconds: float = 30.0) -> None:
         process = self._process
@@ -345,7 +423,7 @@ class VLLMServer:
             pass
 
     def stop(self) -> None:
-        """Stop vLLM and its supervision."""
+        """Stop vLLM and its supervision (a server given by ``url`` is left running)."""
         self._stopping.set()
         with self._lock:
             self._terminate()
@@ -355,6 +433,9 @@ class VLLMServer:
             for fd in self._guard_pipe:
                 os.close(fd)
             self._guard_pipe = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
         self._stopped.set()
 
     def __enter__(self) -> VLLMServer:

@@ -1,15 +1,16 @@
 """The services a training run needs, started together and stopped together.
 
-``start_services`` loads the local engine and serves it on a thread of its own (or, given an
-:class:`~fulgor.gateway.Upstream`, sends the agent's calls to that OpenAI-compatible server
-instead: a vLLM server, a hosted API), serves the store API and the gateway from one app on the
-caller's event loop (so the trainer can pause, drain and flush the gateway and use the store
-directly), and starts the runners. A fresh operator key guards
-the session: the runners get it, their agents only the credentials of their own attempts. Leaving
-the block stops runners, then the server (the gateway writes what it still holds), then the
-engine, then closes the store when the session owns it: no process or port is left, whatever
-happened inside. A store the caller owns stays open, for it to use again. ``open_run_store``
-opens the run directory's SQLite store for a new session.
+``start_services`` loads the local engine and serves it on a thread of its own (given a
+:class:`~fulgor.engine.vllm.VLLMConfig`, starts and supervises vLLM instead, or uses the running
+one its ``url`` names; given an :class:`~fulgor.gateway.Upstream`, sends the agent's calls to that
+OpenAI-compatible server, whose weights it never changes), serves the store API and the gateway
+from one app on the caller's event loop (so the trainer can pause, drain and flush the gateway and
+use the store directly), and starts the runners. A fresh operator key guards the session: the
+runners get it, their agents only the credentials of their own attempts. Leaving the block stops
+runners, then the server (the gateway writes what it still holds), then the engine, then closes
+the store when the session owns it: no process or port is left, whatever happened inside. A store
+the caller owns stays open, for it to use again. ``open_run_store`` opens the run directory's
+SQLite store for a new session.
 
 What it does not know: which algorithm runs or what a training step is.
 """
@@ -33,6 +34,7 @@ from fulgor.training.runners import KubernetesRunners, RayRunners, RunnerGroup, 
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig, LocalEngine
+    from fulgor.engine.vllm import VLLMConfig, VLLMServer
     from fulgor.gateway import Gateway, Upstream
 
 __all__ = ["Services", "open_run_store", "start_services"]
@@ -44,11 +46,12 @@ _DRAIN_TIMEOUT_SECONDS = 60.0
 
 @dataclass
 class Services:
-    """What a running session holds: the store, the engine (None on an upstream the session does
-    not own), the gateway, their URLs, the runners, and the name the model is served under."""
+    """What a running session holds: the store, the engine (the local one, or vLLM's supervisor;
+    None on an upstream the session does not own), the gateway, their URLs, the runners, and the
+    name the model is served under (on vLLM, a LoRA adapter's name changes with each version)."""
 
     store: Store
-    engine: LocalEngine | None
+    engine: LocalEngine | VLLMServer | None
     gateway: Gateway
     server_url: str
     engine_url: str
@@ -83,11 +86,15 @@ class Services:
         recorded with it. Without ``pause`` calls keep arriving (rollouts run while the policy
         trains): the engine lets the calls it is running finish on the old weights and holds new
         ones until the new weights serve, and each call records the version its engine response
-        names.
+        names. vLLM names no version in its responses and would serve a call running across the
+        reload with both, so on vLLM the gateway always pauses (new calls get 429 and Retry-After
+        for as long as the reload takes).
         """
+        from fulgor.engine.local import LocalEngine
+
         if self.engine is None:
             raise ConfigError("the session's model is an upstream server: there are no weights to swap")
-        if not pause:
+        if not pause and isinstance(self.engine, LocalEngine):
             version = await self._swap(checkpoint)
             self.gateway.model_version = version
             return version
@@ -101,7 +108,13 @@ class Services:
 
     async def _swap(self, checkpoint: str) -> int:
         """Load the checkpoint: into the engine, or each of its adapters into that adapter's engine."""
+        from fulgor.engine.local import LocalEngine
+
         assert self.engine is not None
+        if not isinstance(self.engine, LocalEngine):  # vLLM: in place, or an adapter under a new name
+            version = await asyncio.to_thread(self.engine.reload_weights, checkpoint)
+            self.model_name = self.engine.model_name
+            return version
         if not self.adapters:
             return (await self.engine.swap_weights(checkpoint)).model_version
         swaps = [await engine.swap_weights(Path(checkpoint) / name) for name, engine in self.adapters.items()]
@@ -111,7 +124,7 @@ class Services:
 @contextlib.asynccontextmanager
 async def start_services(
     store: Store,
-    engine_config: EngineConfig | Upstream,
+    engine_config: EngineConfig | VLLMConfig | Upstream,
     agent: Runnable,
     n_runners: int,
     runner_config: RunnerConfig,
@@ -130,7 +143,9 @@ async def start_services(
     adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
     ``runners_backend`` runs the runners as Ray actors instead of local processes, or each attempt as
     a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say).
+    Given a ``VLLMConfig``, vLLM serves the model (started, or attached to by ``url``, and stopped last).
     """
+    from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
     from fulgor.server import ServerConfig, create_app
@@ -138,12 +153,21 @@ async def start_services(
     async with contextlib.AsyncExitStack() as stack:
         if owns_store:  # closed last, after the server that serves it
             stack.push_async_callback(store.close)
-        engine: LocalEngine | None = None
+        engine: LocalEngine | VLLMServer | None = None
         served_adapters: dict[str, LocalEngine] = {}
         if isinstance(engine_config, Upstream):
             upstream, served = engine_config, model_name
             if served is None:
                 raise ConfigError("an upstream needs the model_name to serve its calls with")
+        elif isinstance(engine_config, VLLMConfig):
+            if adapters:
+                raise ConfigError(
+                    "one LoRA adapter per agent is served by the local engine only; train a single "
+                    "adapter or full weights on vLLM, or use engine=EngineConfig(model=DIR)"
+                )
+            engine = await stack.enter_async_context(_start_vllm(engine_config))
+            upstream = Upstream(f"{engine.url}/v1", api_key=engine_config.api_key)
+            served = engine.model_name
         else:
             from fulgor.engine.app import create_app as create_engine_app
             from fulgor.engine.local import LocalEngine
@@ -184,6 +208,20 @@ async def start_services(
         where = "upstream" if engine is None else "engine"
         logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)
         yield Services(store, engine, gateway, server_url, upstream.url, runners, served, served_adapters)
+
+
+@contextlib.asynccontextmanager
+async def _start_vllm(config: VLLMConfig) -> AsyncIterator[VLLMServer]:
+    """vLLM's supervisor, started (or attached to the server at ``config.url``) and stopped on
+    leaving, whatever happens inside."""
+    from fulgor.engine.vllm import VLLMServer
+
+    server = VLLMServer(config)
+    try:
+        await asyncio.to_thread(server.start)
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 async def open_run_store(run_dir: Path) -> Store:

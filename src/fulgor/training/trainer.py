@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
 from fulgor.engine.loading import checkpoint_kind
+from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
@@ -97,7 +98,11 @@ class Trainer:
     """Trains an agent's model with an algorithm, on services it starts and stops itself.
 
     ``engine`` is the local engine's config (the model directory to start from, device, context
-    length); the trainer loads the engine and a trainable copy of the same weights. ``run_dir``
+    length); the trainer loads the engine and a trainable copy of the same weights. Given a
+    :class:`~fulgor.engine.vllm.VLLMConfig` instead, vLLM serves the model: the trainer starts and
+    supervises it (or uses the running server its ``url`` names) and publishes each update's
+    weights to it without a restart (full weights reloaded in place, a LoRA adapter loaded under a
+    new name). ``run_dir``
     holds ``store.sqlite`` (unless ``store`` is given), ``checkpoints/step-N``, ``metrics.jsonl``
     and ``logs/runners.log``; the trainer closes ``store.sqlite`` when ``fit``, ``dev`` or
     ``evaluate`` returns, and leaves a ``store`` passed in open, for the caller to use and close.
@@ -129,7 +134,7 @@ class Trainer:
         self,
         *,
         algorithm: Algorithm | ResourceAlgorithm,
-        engine: EngineConfig | None = None,
+        engine: EngineConfig | VLLMConfig | None = None,
         upstream: str | Upstream | None = None,
         api_key: str | None = None,
         model: str | None = None,
@@ -412,7 +417,7 @@ class Trainer:
         if self.upstream is not None:
             from fulgor.gateway.upstreams import served_model
 
-            target: EngineConfig | Upstream = self.upstream
+            target: EngineConfig | VLLMConfig | Upstream = self.upstream
             if model_name is None:
                 model_name = await served_model(self.upstream)
         else:
@@ -431,6 +436,8 @@ class Trainer:
                 served_model_name=self.engine.model_name,
                 model_version=model_version,
             )
+            if isinstance(target, VLLMConfig) and getattr(self.algorithm, "lora", None) is not None:
+                target = replace(target, enable_lora=True)  # vLLM: each update publishes an adapter
         store = self.store if self.store is not None else await open_run_store(self.run_dir)
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(
@@ -620,7 +627,7 @@ class Trainer:
             return 0, None
         latest = latest_checkpoint(self.checkpoints_dir)
         if latest is None:
-            return 0, self.engine.model
+            return 0, Path(self.engine.model)
         if not training:
             logger.info("using the weights of %s (step %d)", latest[1], latest[0])
             return latest
@@ -658,7 +665,7 @@ class Trainer:
         policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
         reference = None
         if self._algorithm.needs_reference_model:
-            reference = load_policy(self.engine.model, self.engine.device).model.eval()
+            reference = load_policy(Path(self.engine.model), self.engine.device).model.eval()
             reference.requires_grad_(False)
         updater = self._algorithm.updater(policy.model, reference)
         if step > 0:
@@ -687,7 +694,10 @@ class Trainer:
 
 
 def _upstream(
-    engine: EngineConfig | None, upstream: str | Upstream | None, api_key: str | None, model: str | None
+    engine: EngineConfig | VLLMConfig | None,
+    upstream: str | Upstream | None,
+    api_key: str | None,
+    model: str | None,
 ) -> Upstream | None:
     """The upstream the trainer sends calls to, or None for the local engine; exactly one is given."""
     if (engine is None) == (upstream is None):

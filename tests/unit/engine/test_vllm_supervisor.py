@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm_support import process_group
 
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.vllm import VLLMConfig, VLLMServer, build_command
@@ -28,6 +29,8 @@ def test_command_asks_for_token_ids_logprobs_and_tool_calls() -> None:
     )
     command = build_command(config, "/models/qwen", 8123)
     assert command[:3] == ["vllm", "serve", "/models/qwen"]
+    assert "--model" not in command
+    assert "--dtype" not in command
     assert _flag(command, "--port") == "8123"
     assert _flag(command, "--host") == "127.0.0.1"
     assert _flag(command, "--served-model-name") == "qwen"
@@ -51,6 +54,13 @@ def test_command_for_lora_and_memory() -> None:
     assert _flag(command, "--max-lora-rank") == "16"
     assert "--enable-lora" in command
     assert _flag(command, "--gpu-memory-utilization") == "0.5"
+
+
+def test_command_for_the_api_server_module_names_the_model_as_a_flag() -> None:
+    module = ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server")
+    command = build_command(VLLMConfig(model="m", command=module, dtype="float32"), "/models/m", 1)
+    assert command[:5] == [*module, "--model", "/models/m"]
+    assert _flag(command, "--dtype") == "float32"
 
 
 def _events(log: Path) -> list[dict[str, Any]]:
@@ -109,28 +119,72 @@ def test_lora_reload_loads_the_adapter_at_runtime(server: VLLMServer, tmp_path: 
     (adapter / "adapter_config.json").write_text("{}")
     assert server.reload_weights(adapter) == 1
     assert server.model_name == "base-v1"
-    loads = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "load_lora_adapter"]
-    assert loads == [
+    assert server.reload_weights(adapter) == 2
+    assert server.model_name == "base-v2"
+    admin = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] != "launch"]
+    assert admin == [
         {
             "event": "load_lora_adapter",
             "body": {"lora_name": "base-v1", "lora_path": str(adapter)},
             "env": "True",
-        }
+        },
+        {
+            "event": "load_lora_adapter",
+            "body": {"lora_name": "base-v2", "lora_path": str(adapter)},
+            "env": "True",
+        },
+        {"event": "unload_lora_adapter", "body": {"lora_name": "base-v1"}, "env": "True"},
     ]
 
 
-def test_full_reload_restarts_on_the_new_checkpoint(server: VLLMServer, tmp_path: Path) -> None:
+def test_full_reload_loads_the_weights_in_place(server: VLLMServer, tmp_path: Path) -> None:
     checkpoint = tmp_path / "step-1"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text("{}")
     assert server.reload_weights(checkpoint) == 1
     assert server.healthy()
-    launches = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] == "launch"]
-    assert launches[-1]["argv"][1] == str(checkpoint)
-    time.sleep(0.5)  # the supervisor must not count the planned restart as a crash
+    events = _events(tmp_path / "stand_in.jsonl")
+    assert [e["event"] for e in events] == ["launch", "collective_rpc", "reset_prefix_cache"]
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(checkpoint.resolve())}}
+    assert events[1]["body"] == rpc
+    time.sleep(0.5)  # no restart happened, and the supervisor saw none
     assert server.restarts == 0
     with pytest.raises(VLLMError, match="no checkpoint"):
         server.reload_weights(tmp_path / "missing")
+
+
+def test_a_crash_after_reloads_restarts_on_the_newest_weights(server: VLLMServer, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "step-1"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    server.reload_weights(checkpoint)
+    server.reload_weights(adapter)
+    urllib.request.urlopen(urllib.request.Request(f"{server.url}/crash", data=b"{}", method="POST")).close()
+    _wait_for(lambda: server.restarts == 1 and server.healthy())
+    _wait_for(lambda: _events(tmp_path / "stand_in.jsonl")[-1]["event"] == "load_lora_adapter")
+    events = _events(tmp_path / "stand_in.jsonl")
+    relaunch = [e for e in events if e["event"] == "launch"][-1]
+    assert relaunch["argv"][1] == str(checkpoint)
+    assert events[-1]["body"] == {"lora_name": "base-v2", "lora_path": str(adapter)}
+    assert (server.model_version, server.model_name) == (2, "base-v2")
+
+
+def test_a_running_server_is_used_by_url_and_left_running(server: VLLMServer, tmp_path: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    config = VLLMConfig(model="base", url=f"{server.url}/", enable_lora=True, model_version=4)
+    with VLLMServer(config) as attached:
+        assert attached.url == server.url
+        assert attached.reload_weights(adapter) == 5
+        assert attached.model_name == "base-v5"
+    assert server.healthy()  # not the attached supervisor's to stop
+    assert [e["event"] for e in _events(tmp_path / "stand_in.jsonl")] == ["launch", "load_lora_adapter"]
+    with pytest.raises(VLLMError, match="no vLLM answers"):
+        VLLMServer(VLLMConfig(model="base", url="http://127.0.0.1:9")).start()
 
 
 def test_a_server_that_cannot_start_raises_with_its_log(tmp_path: Path) -> None:
@@ -180,3 +234,23 @@ def test_one_adapter_per_agent_loads_each_under_a_name_of_its_own(tmp_path: Path
     ]
     with VLLMServer(_config(tmp_path)) as one, pytest.raises(VLLMError, match="max_loras=2"):
         one.reload_weights(checkpoint)
+
+
+def test_an_adapter_as_the_model_launches_its_base_and_loads_it(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    adapter = tmp_path / "step-3"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    config = _config(tmp_path, model=adapter, served_model_name="policy", model_version=3)
+    with VLLMServer(config) as server:
+        assert (server.model_version, server.model_name) == (3, "policy-v3")
+    launch, load = _events(tmp_path / "stand_in.jsonl")
+    assert launch["argv"][1] == str(base)
+    assert load["body"] == {"lora_name": "policy-v3", "lora_path": str(adapter)}
+    without_lora = VLLMServer(_config(tmp_path, model=adapter, enable_lora=False))
+    with pytest.raises(VLLMError, match="enable_lora=True"):
+        without_lora.start()
+    assert without_lora.pid is not None
+    assert not process_group(without_lora.pid)  # the launched vLLM was stopped
+    without_lora.stop()

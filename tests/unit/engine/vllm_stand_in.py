@@ -2,7 +2,8 @@
 
 Run as ``python vllm_stand_in.py serve MODEL --port P ...``. It appends one JSON line per launch
 and per admin call to the file named by ``STAND_IN_LOG``, answers ``GET /health``, accepts
-``POST /v1/load_lora_adapter``, and exits with code 3 on ``POST /crash``. With
+``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` and, with ``VLLM_SERVER_DEV_MODE=1``
+only, ``/collective_rpc`` and ``/reset_prefix_cache``, and exits with code 3 on ``POST /crash``. With
 ``STAND_IN_FAIL_START=1`` it exits at once with code 2, like a vLLM that cannot load its model.
 """
 
@@ -18,6 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 def _log(entry: dict[str, object]) -> None:
     with open(os.environ["STAND_IN_LOG"], "a") as log:
         log.write(json.dumps(entry) + "\n")
+
+
+# Routes vLLM serves only with VLLM_SERVER_DEV_MODE=1 (404 without, as vLLM answers).
+_DEV_ROUTES = ("/collective_rpc", "/reset_prefix_cache")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -44,15 +49,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/crash":
             self._reply(200, {})
             threading.Thread(target=os._exit, args=(3,)).start()
-        elif self.path == "/v1/load_lora_adapter":
+        elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
             _log(
                 {
-                    "event": "load_lora_adapter",
+                    "event": self.path.rsplit("/", 1)[-1],
                     "body": body,
                     "env": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
                 }
             )
             self._reply(200, {})
+        elif self.path in _DEV_ROUTES and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            _log({"event": self.path.strip("/"), "body": body})
+            self._reply(200, {"results": [None]} if self.path == "/collective_rpc" else {})
         else:
             self._reply(404, {"error": "not found"})
 
