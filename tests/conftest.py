@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,3 +18,26 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+DEADLINE_ENV = "FULGOR_TEST_DEADLINE"
+"""Unix time by which a run of the slow tier must end (``.ci/run`` sets it from CI's time limit)."""
+
+_UNKNOWN_SLOW_MINUTES = 30  # pytest's per-test timeout in the slow tier
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under a deadline, a slow test starts only when the minutes it declares
+    (``@pytest.mark.slow(minutes=N)``, measured on 2 cores) still fit before it; else it is skipped,
+    and the skip says why, so that a run cut short is never mistaken for a complete one."""
+    deadline = os.environ.get(DEADLINE_ENV)
+    marker = item.get_closest_marker("slow")
+    if deadline is None or marker is None:
+        return
+    minutes = marker.kwargs.get("minutes", _UNKNOWN_SLOW_MINUTES)
+    left_minutes = (float(deadline) - time.time()) / 60
+    if minutes > left_minutes:
+        pytest.skip(
+            f"NOT RUN: needs about {minutes} minutes, {left_minutes:.0f} left before {DEADLINE_ENV}; "
+            f"run it with: .venv/bin/pytest -q -m slow {item.nodeid}"
+        )

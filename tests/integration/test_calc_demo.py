@@ -100,7 +100,7 @@ def check_dashboard(grpo_dir: Path) -> None:
     assert "trained; starts row 1" in section
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=9)
 def test_make_demo_runs_every_stage_on_the_real_system_and_reports_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -207,7 +207,7 @@ def test_the_crew_runs_with_crewais_telemetry_off() -> None:
     assert env["CREWAI_TRACING_ENABLED"] == "false"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=20)
 def test_grpo_raises_the_crews_reward_in_a_short_run(tmp_path: Path) -> None:
     from examples.crew.train import run_crew
     from fulgor.adapters import DriftReport

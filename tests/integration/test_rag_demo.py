@@ -92,7 +92,7 @@ def test_fulgor_train_trains_it_from_the_command_line(tmp_path: Path) -> None:
     assert AGENT_NAME in (tmp_path / "run" / "store.sqlite").read_bytes().decode("utf-8", "replace")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=12)
 def test_make_demo_rag_runs_every_stage_on_the_real_system_and_reports_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -87,7 +87,7 @@ def test_every_stage_runs_and_leaves_its_files(tmp_path: Path) -> None:
     assert apart.test_after["val_rollouts_failed"] == 0
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=10)
 def test_make_demo_sql_runs_every_stage_on_the_real_system_and_reports_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -723,7 +723,7 @@ def test_demo_failing_or_interrupted_is_one_line(
     assert "Traceback" not in err
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=5)
 def test_demo_runs_from_the_checkout(tmp_path: Path) -> None:
     command = [str(FULGOR)] if FULGOR.exists() else [sys.executable, "-m", "fulgor.cli.main"]
     result = subprocess.run(
