@@ -23,7 +23,14 @@ from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
 from fulgor.training.checkpoints import load_policy
-from fulgor.training.distributed import Ranks, follow, process_group, sharded_trainable, world_from_env
+from fulgor.training.distributed import (
+    Ranks,
+    ShardedUpdater,
+    follow,
+    process_group,
+    sharded_trainable,
+    world_from_env,
+)
 
 
 def make_batch(options: dict[str, Any], vocab_size: int) -> list[Trajectory]:
@@ -59,15 +66,32 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def timed_steps(updater: Any, trajectories: list[Trajectory], options: dict[str, Any]) -> list[float]:
-    for _ in range(options["warmup"]):
-        updater.step(trajectories)
-    seconds = []
-    for _ in range(options["steps"]):
-        start = time.perf_counter()
+def timed_steps(
+    updater: Any, trajectories: list[Trajectory], options: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """Wall seconds and this process's CPU seconds of each step after the warm-up ones."""
+    seconds, cpu_seconds = [], []
+    for _ in range(options["warmup"] + options["steps"]):
+        start, cpu_start = time.perf_counter(), time.process_time()
         updater.step(trajectories)
         seconds.append(time.perf_counter() - start)
-    return seconds
+        cpu_seconds.append(time.process_time() - cpu_start)
+    return seconds[options["warmup"] :], cpu_seconds[options["warmup"] :]
+
+
+def count_cpu_seconds(cpu_seconds: list[float]) -> None:
+    """Append this process's CPU seconds (all its threads) in each ``ShardedUpdater.step`` call,
+    on every rank (the other ranks make theirs inside ``follow``)."""
+    step = ShardedUpdater.step
+
+    def counted(self: ShardedUpdater, trajectories: list[Trajectory]) -> dict[str, float]:
+        start = time.process_time()
+        try:
+            return step(self, trajectories)
+        finally:
+            cpu_seconds.append(time.process_time() - start)
+
+    ShardedUpdater.step = counted  # type: ignore[method-assign]
 
 
 def main(path: str) -> None:
@@ -85,10 +109,12 @@ def main(path: str) -> None:
         rest = resident_mib()  # before the model: what the update adds is peak - rest
         policy = load_policy(model_dir, "cpu")
         batch = make_batch(options, policy.model.config.vocab_size)
-        seconds = timed_steps(PolicyUpdater(policy.model, config), batch, options)
-        report(options, seconds, rest, peak_mib())
+        seconds, cpu_seconds = timed_steps(PolicyUpdater(policy.model, config), batch, options)
+        report(options, seconds, cpu_seconds, rest, peak_mib())
         return
     algorithm = GRPO(config=config)
+    cpu_seconds: list[float] = []
+    count_cpu_seconds(cpu_seconds)
     with process_group(world, "cpu") as device:
         ranks = Ranks(world, device)
         rest = resident_mib()
@@ -97,18 +123,22 @@ def main(path: str) -> None:
             try:
                 policy, updater = sharded_trainable(algorithm, model_dir, model_dir, 0, ranks)
                 batch = make_batch(options, policy.model.config.vocab_size)
-                seconds = timed_steps(updater, batch, options)
+                seconds, _ = timed_steps(updater, batch, options)
             finally:
                 ranks.stop()
         else:
             follow(algorithm, model_dir, ranks)
         memory = torch.tensor([rest, peak_mib()], dtype=torch.float64)
         torch.distributed.all_reduce(memory, op=torch.distributed.ReduceOp.MAX)  # the largest rank's
+        cpu = torch.tensor(cpu_seconds[options["warmup"] :], dtype=torch.float64)
+        torch.distributed.all_reduce(cpu)  # each step's CPU seconds, all ranks together
         if world.leader:
-            report(options, seconds, float(memory[0]), float(memory[1]))
+            report(options, seconds, cpu.tolist(), float(memory[0]), float(memory[1]))
 
 
-def report(options: dict[str, Any], seconds: list[float], rest: float, peak: float) -> None:
+def report(
+    options: dict[str, Any], seconds: list[float], cpu_seconds: list[float], rest: float, peak: float
+) -> None:
     result = {
         "nproc": options["nproc"],
         "gradient_checkpointing": options["gradient_checkpointing"],
@@ -116,6 +146,7 @@ def report(options: dict[str, Any], seconds: list[float], rest: float, peak: flo
         "median_s": statistics.median(seconds),
         "min_s": min(seconds),
         "max_s": max(seconds),
+        "cpu_s": statistics.median(cpu_seconds),
         "rest_mib": rest,
         "peak_mib": peak,
     }

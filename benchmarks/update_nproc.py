@@ -12,7 +12,9 @@ completions of 32-128 tokens, ids and lengths drawn once, seeded), micro-batches
 ``--micro-batch`` rows. The cores are shared out: one process gets ``--cores`` torch threads, each of
 two ranks half of them. Each configuration runs ``--warmup`` untimed steps, then ``--steps`` timed
 ones; the step time is the median, on rank 0, from the call to ``step`` (on two ranks: sending the
-trajectories to the other rank included) to its return. Memory is resident memory (RSS): the peak over
+trajectories to the other rank included) to its return, and the CPU time is the median over the
+steps of the CPU seconds of every rank's process in its ``step`` (all threads; on a machine shared
+with other work it moves less than the wall time does). Memory is resident memory (RSS): the peak over
 the process's life minus what it held before loading the model (torch and the libraries), the larger
 of the two ranks'. The last line is machine-readable::
 
@@ -100,9 +102,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: list[dict[str, Any]]) -> None:
     base = next(r for r in results if name(r) == "nproc1_nogc_fp32")
-    print("\n| processes | gradient checkpointing | compute | s/step (median) | vs 1 process fp32 | "
-          "peak MiB above rest | vs 1 process fp32 |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    columns = (
+        "processes", "gradient checkpointing", "compute", "s/step (median, min-max)", "vs 1 process fp32",
+        "CPU s/step (all ranks)", "vs 1 process fp32", "peak MiB above rest", "vs 1 process fp32",
+    )  # fmt: skip
+    print("\n| " + " | ".join(columns) + " |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         memory = r["peak_mib"] - r["rest_mib"]
         base_memory = base["peak_mib"] - base["rest_mib"]
@@ -110,9 +115,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ratio = r["median_s"] / base["median_s"]
         print(
             f"| {r['nproc']} | {'on' if r['gradient_checkpointing'] else 'off'} | {r['compute_dtype']} | "
-            f"{spread} | {ratio:.2f}x | {memory:.0f} | {memory / base_memory:.2f}x |"
+            f"{spread} | {ratio:.2f}x | {r['cpu_s']:.3f} | {r['cpu_s'] / base['cpu_s']:.2f}x | "
+            f"{memory:.0f} | {memory / base_memory:.2f}x |"
         )
-    fields = [
+    fields = [f"{name(r)}_cpu_s={r['cpu_s']:.3f}" for r in results] + [
         f"{name(r)}_s={r['median_s']:.3f} {name(r)}_mib={r['peak_mib'] - r['rest_mib']:.0f}" for r in results
     ]
     print("\nRESULT " + " ".join(fields))
