@@ -81,8 +81,8 @@ def rank() -> int:
 
 
 def check_update_options(args: argparse.Namespace) -> None:
-    """GRPO's update options go with GRPO; ``--nproc`` > 1 trains GRPO on a local model (the ranks
-    share the update only), and matches torchrun's ``WORLD_SIZE`` when the command runs as one of
+    """GRPO's update options go with GRPO; ``--nproc`` > 1 trains GRPO (the ranks share the update
+    only), and matches torchrun's ``WORLD_SIZE`` when the command runs as one of
     its ranks."""
     training = not (args.dev or args.evaluate)
     if (
@@ -102,8 +102,6 @@ def check_update_options(args: argparse.Namespace) -> None:
             f"--nproc shards GRPO's update across processes; --algorithm {args.algorithm} trains in one "
             "process: drop --nproc"
         )
-    if args.upstream is not None:
-        raise ConfigError("--nproc trains a local --model; an --upstream trains nothing")
     world_size = os.environ.get("WORLD_SIZE")
     if world_size is not None and int(world_size) != args.nproc:  # a torchrun the user started
         raise ConfigError(

@@ -52,6 +52,7 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / f"{module}.py").write_text(AGENT)
     (tmp_path / "module.txt").write_text(module)
     write_tasks(tmp_path / "tasks.jsonl")
+    (tmp_path / "prompt.txt").write_text("Solve: {task}")
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     monkeypatch.chdir(tmp_path)
@@ -62,6 +63,27 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 REFUSED = {
     "dev": (["--nproc", "2", "--dev"], "--dev and --evaluate train nothing"),
+    "evaluate": (
+        ["--nproc", "2", "--evaluate", "--val", "tasks.jsonl"],
+        "--dev and --evaluate train nothing",
+    ),
+    "apo": (
+        [
+            "--nproc",
+            "2",
+            "--algorithm",
+            "apo",
+            "--prompt",
+            "prompt_template=prompt.txt",
+            "--val",
+            "tasks.jsonl",
+            "--optimizer-url",
+            "http://127.0.0.1:9/v1",
+            "--optimizer-model",
+            "critic",
+        ],
+        "--algorithm apo trains in one process",
+    ),
     "sft": (["--nproc", "2", "--algorithm", "sft", "--min-reward", "1"], "--algorithm sft trains in one"),
     "checkpointing with sft": (
         ["--algorithm", "sft", "--min-reward", "1", "--gradient-checkpointing"],

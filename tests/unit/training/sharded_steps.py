@@ -1,6 +1,7 @@
 """Run under torchrun by ``test_distributed.py``: GRPO steps of the update across processes.
 
-``sharded_steps.py JOBS.json`` runs each job in turn on the same ranks: every rank loads the job's
+``sharded_steps.py JOBS.json`` runs each job in turn on the same ranks (on ``device``: the CPU by
+default, ``cuda`` for one GPU per rank): every rank loads the job's
 ``start`` (a model directory, or a checkpoint of step ``start_step``), rank 0 leads one update per
 batch of ``offsets`` and saves each as ``checkpoints/step-N`` (as the Trainer does), the other
 ranks follow; rank 0 writes each step's metrics to ``checkpoints/metrics.json``.
@@ -27,7 +28,7 @@ def main(jobs_path: str) -> None:
     world = world_from_env()
     assert world is not None, "run under torchrun"
     base = Path(options["base"])
-    with process_group(world, "cpu") as device:
+    with process_group(world, options.get("device", "cpu")) as device:
         for job in options["jobs"]:
             ranks = Ranks(world, device)
             algorithm = GRPO(config=GRPOConfig(**job["config"]))

@@ -41,10 +41,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("sharded") / "tiny", "tiny", seed=0)
 
 
-def run_ranks(base: Path, jobs: list[dict[str, Any]], out: Path) -> None:
-    """``sharded_steps.py`` under torchrun with two ranks, running ``jobs`` in turn."""
+def run_ranks(base: Path, jobs: list[dict[str, Any]], out: Path, device: str = "cpu") -> None:
+    """``sharded_steps.py`` under torchrun with two ranks on ``device``, running ``jobs`` in turn."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "jobs.json").write_text(json.dumps({"base": str(base), "jobs": jobs}))
+    (out / "jobs.json").write_text(json.dumps({"base": str(base), "jobs": jobs, "device": device}))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     command = [
@@ -262,3 +262,16 @@ def test_only_grpo_on_all_weights_is_sharded(monkeypatch: pytest.MonkeyPatch) ->
     assert world is not None
     assert world.rank == 1
     assert not world.leader
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_gpus_with_nccl(model_dir: Path, tmp_path: Path) -> None:
+    """Two ranks on two GPUs (NCCL): the step is the one process's on the CPU, up to the GPUs' own
+    float rounding."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs (one per rank)")
+    run_ranks(model_dir, [job(model_dir, 0, [0], tmp_path / "gpus")], tmp_path, device="cuda")
+    model, _, _ = one_process(model_dir, [0])
+    on_gpus = weights(tmp_path / "gpus" / "step-1")
+    assert max_difference(on_gpus, weights(model)) < 2e-3
+    assert max_difference(on_gpus, weights(model_dir)) > 1e-3
