@@ -303,10 +303,11 @@ def _remove_tree(hidden: Path) -> None:
 
 
 def set_torch_threads(threads: int | None) -> int:
-    """Use ``threads`` torch threads (default: every core this process may run on); returns it."""
+    """Use ``threads`` torch threads (default: every core this process may run on, shared among the
+    ranks torchrun started on this machine, ``LOCAL_WORLD_SIZE``); returns it."""
     import torch
 
-    count = threads or usable_cores()
+    count = threads or max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(count)
     return count
 

@@ -27,7 +27,7 @@ import contextlib
 import datetime
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from fulgor.algorithms.base import Algorithm
     from fulgor.algorithms.grpo import GRPO
     from fulgor.algorithms.grpo.update import PolicyUpdater
+    from fulgor.engine.local import EngineConfig
 
 __all__ = [
     "OPTIMIZER_DIR",
@@ -47,9 +48,11 @@ __all__ = [
     "ShardedUpdater",
     "World",
     "check_shardable",
+    "fit_on_ranks",
     "follow",
     "load_optimizer_shards",
     "process_group",
+    "refuse_ranks",
     "resume_unsharded",
     "sharded_trainable",
     "world_from_env",
@@ -84,6 +87,15 @@ def world_from_env() -> World | None:
         return None
     rank = int(os.environ["RANK"])
     return World(rank, size, int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def refuse_ranks(what: str) -> None:
+    """A ConfigError when this process is one of torchrun's ranks: only training has work for them."""
+    if world_from_env() is not None:
+        raise ConfigError(
+            f"{what} trains nothing, so it has no work for torchrun's ranks; run it in a process of its "
+            "own (without torchrun)"
+        )
 
 
 def check_shardable(algorithm: Any) -> None:
@@ -309,6 +321,32 @@ def _trainable(
             _load_full_optimizer(policy.model, updater.updater.optimizer, saved["optimizer"])
         updater.load_state_dict(saved)
     return policy, updater
+
+
+def fit_on_ranks(
+    world: World,
+    algorithm: Any,
+    engine: EngineConfig | None,
+    torch_threads: int | None,
+    fit: Callable[[Ranks], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """``Trainer.fit`` as one of torchrun's ranks: rank 0 runs ``fit`` (the training loop as on one
+    process, leading the update) and returns its metrics; the others run the update only
+    (:func:`follow`) and return none. Rank 0 ends the others' wait however ``fit`` ends."""
+    from fulgor.training.checkpoints import set_torch_threads
+
+    check_shardable(algorithm)
+    assert engine is not None  # Trainer.fit refuses to train weights on an upstream
+    with process_group(world, engine.device) as device:
+        ranks = Ranks(world, device)
+        if not world.leader:
+            set_torch_threads(torch_threads)
+            follow(algorithm, engine.model, ranks)
+            return []
+        try:
+            return fit(ranks)
+        finally:
+            ranks.stop()
 
 
 def follow(algorithm: Algorithm, reference_dir: Path, ranks: Ranks) -> None:

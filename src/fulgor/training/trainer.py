@@ -38,6 +38,7 @@ from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
+from fulgor.training import distributed
 from fulgor.training.checkpoints import (
     Policy,
     adapter_set,
@@ -47,10 +48,9 @@ from fulgor.training.checkpoints import (
     load_training_state,
     prune_checkpoints,
     set_torch_threads,
-    usable_cores,
 )
 from fulgor.training.collector import Collector
-from fulgor.training.distributed import Ranks, World, world_from_env
+from fulgor.training.distributed import Ranks
 from fulgor.training.reports import (
     DevReport,
     MetricsLog,
@@ -216,10 +216,11 @@ class Trainer:
                 "Trainer(engine=EngineConfig(model=DIR)), or use dev/evaluate (or an algorithm that "
                 "publishes nothing) with the upstream"
             )
+        if (world := distributed.world_from_env()) is not None:  # one of torchrun's ranks
+            fit = functools.partial(self._fit, agent, list(train_dataset), list(val_dataset))
+            run = functools.partial(distributed.fit_on_ranks, world, self.algorithm, self.engine)
+            return run(self.torch_threads, lambda ranks: _run_blocking(fit(ranks)))
         search = self._search_algorithm()
-        world = world_from_env() if search is None else None
-        if world is not None:
-            return self._fit_sharded(world, agent, list(train_dataset), list(val_dataset))
         if search is None:
             return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
         problem = agent_prompt_problem(agent, search.resources(self.run_dir))
@@ -240,6 +241,7 @@ class Trainer:
         """
         if not dataset:
             raise ConfigError("the dev dataset is empty; pass at least one task")
+        distributed.refuse_ranks("Trainer.dev")
         return _run_blocking(self._dev(agent, list(dataset)))
 
     def evaluate(self, agent: Runnable, dataset: Sequence[Any]) -> dict[str, float]:
@@ -251,38 +253,10 @@ class Trainer:
         """
         if not dataset:
             raise ConfigError("the evaluation dataset is empty; pass at least one task")
+        distributed.refuse_ranks("Trainer.evaluate")
         return _run_blocking(self._evaluate(agent, list(dataset)))
 
     # -- the training loop --------------------------------------------------------------------------
-
-    def _fit_sharded(
-        self, world: World, agent: Runnable, train: list[Any], val: list[Any]
-    ) -> list[dict[str, Any]]:
-        """``fit`` as one of torchrun's ranks: rank 0 trains as on one process and leads the update,
-        which every rank runs on its shard of the weights; the other ranks run nothing else, and
-        return no metrics (see :mod:`fulgor.training.distributed`)."""
-        from fulgor.training.distributed import check_shardable, follow, process_group
-
-        check_shardable(self.algorithm)
-        assert self.engine is not None  # fit refuses weights on an upstream
-        with process_group(world, self.engine.device) as device:
-            ranks = Ranks(world, device)
-            if not world.leader:
-                set_torch_threads(self._torch_threads())
-                follow(self._algorithm, self.engine.model, ranks)
-                return []
-            try:
-                return _run_blocking(self._fit(agent, train, val, ranks))
-            finally:
-                ranks.stop()
-
-    def _torch_threads(self) -> int | None:
-        """The torch threads of this process: ``torch_threads``, else the usable cores shared among
-        the ranks of an update across processes (None: every core, on one process)."""
-        world = world_from_env()
-        if self.torch_threads is not None or world is None:
-            return self.torch_threads
-        return max(1, usable_cores() // world.world_size)
 
     async def _fit(
         self, agent: Runnable, train: list[Any], val: list[Any], ranks: Ranks | None = None
@@ -451,7 +425,7 @@ class Trainer:
         else:
             assert self.engine is not None
             assert model_dir is not None
-            threads = await asyncio.to_thread(set_torch_threads, self._torch_threads())
+            threads = await asyncio.to_thread(set_torch_threads, self.torch_threads)
             logger.info("torch uses %d threads in the trainer", threads)
             saved = adapter_set(model_dir)
             if saved is not None:  # the base serves agents without an adapter, each adapter its own
@@ -687,11 +661,9 @@ class Trainer:
         """The trainer's copy of the weights and the algorithm's updater (with a frozen copy of the
         starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
         continues with the state saved with it. With ``ranks``, every rank's shard of them."""
-        from fulgor.training.distributed import resume_unsharded, sharded_trainable
-
         assert self.engine is not None
         if ranks is not None:
-            return sharded_trainable(self._algorithm, model_dir, self.engine.model, step, ranks)
+            return distributed.sharded_trainable(self._algorithm, model_dir, self.engine.model, step, ranks)
         policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
         reference = None
         if self._algorithm.needs_reference_model:
@@ -703,7 +675,7 @@ class Trainer:
             if state is None:
                 logger.warning("%s holds no training state: the optimiser starts afresh", model_dir)
             elif "optimizer_shards" in state["updater"]:  # saved by several ranks
-                resume_unsharded(updater, policy.model, model_dir, state["updater"])
+                distributed.resume_unsharded(updater, policy.model, model_dir, state["updater"])
             else:
                 updater.load_state_dict(state["updater"])
         return policy, updater

@@ -275,3 +275,19 @@ def test_two_ranks_on_gpus_with_nccl(model_dir: Path, tmp_path: Path) -> None:
     on_gpus = weights(tmp_path / "gpus" / "step-1")
     assert max_difference(on_gpus, weights(model)) < 2e-3
     assert max_difference(on_gpus, weights(model_dir)) > 1e-3
+
+
+def test_dev_and_evaluate_are_refused_on_ranks(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fulgor import GRPO, Trainer
+    from fulgor.engine.local import EngineConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    trainer = Trainer(
+        algorithm=GRPO(), engine=EngineConfig(model=model_dir), run_dir=model_dir.parent / "run"
+    )
+    with pytest.raises(ConfigError, match=r"Trainer\.dev trains nothing"):
+        trainer.dev(lambda task: 1.0, [{}])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"Trainer\.evaluate trains nothing"):
+        trainer.evaluate(lambda task: 1.0, [{}])  # type: ignore[arg-type]
+    assert not (model_dir.parent / "run").exists()
