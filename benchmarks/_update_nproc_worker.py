@@ -147,6 +147,8 @@ def report(
         "min_s": min(seconds),
         "max_s": max(seconds),
         "cpu_s": statistics.median(cpu_seconds),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "rest_mib": rest,
         "peak_mib": peak,
     }

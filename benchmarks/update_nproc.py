@@ -4,14 +4,17 @@ checkpointing, in float32 and under bfloat16 autocast: step time and peak memory
 Usage::
 
     .venv/bin/python benchmarks/update_nproc.py [--size small] [--steps 3] [--warmup 1] [--cores 2]
+        [--repeats 1]
 
 Every configuration runs in fresh processes (``benchmarks/_update_nproc_worker.py``: directly for one
 process, under ``torch.distributed.run --standalone`` for two ranks) on the same locally built Llama
 (``init_model``) and the same batch (``--groups`` prompts of 48-80 tokens x ``--group-size``
 completions of 32-128 tokens, ids and lengths drawn once, seeded), micro-batches of
 ``--micro-batch`` rows. The cores are shared out: one process gets ``--cores`` torch threads, each of
-two ranks half of them. Each configuration runs ``--warmup`` untimed steps, then ``--steps`` timed
-ones; the step time is the median, on rank 0, from the call to ``step`` (on two ranks: sending the
+two ranks half of them (at least one each). Each configuration runs ``--warmup`` untimed steps, then
+``--steps`` timed ones, ``--repeats`` times (the configurations in turn, the order reversed on every
+other round, so that other work on the machine falls on all of them); the step time is the median
+over every timed step, on rank 0, from the call to ``step`` (on two ranks: sending the
 trajectories to the other rank included) to its return, and the CPU time is the median over the
 steps of the CPU seconds of every rank's process in its ``step`` (all threads; on a machine shared
 with other work it moves less than the wall time does). Memory is resident memory (RSS): the peak over
@@ -31,6 +34,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
     from fulgor.engine.models import init_model
 
@@ -85,19 +90,34 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(temporary)
         model = init_model(folder / "model", args.size, seed=args.seed)
         (folder / "options").mkdir()
-        results = []
-        for nproc, checkpointing, dtype in itertools.product((1, 2), (False, True), ("float32", "bfloat16")):
-            options = {
-                "model": str(model), "nproc": nproc, "threads": max(1, args.cores // nproc),
-                "gradient_checkpointing": checkpointing, "compute_dtype": dtype, "steps": args.steps,
-                "warmup": args.warmup, "groups": args.groups, "group_size": args.group_size,
-                "micro_batch": args.micro_batch, "seed": args.seed,
-            }  # fmt: skip
-            result = run_configuration(options, folder / "options")
-            results.append(result)
-            print(json.dumps(result), flush=True)
-    print_table(results)
+        configurations = list(itertools.product((1, 2), (False, True), ("float32", "bfloat16")))
+        runs: dict[tuple[Any, ...], list[dict[str, Any]]] = {c: [] for c in configurations}
+        for round_ in range(args.repeats):
+            for nproc, checkpointing, dtype in configurations[:: -1 if round_ % 2 else 1]:
+                options = {
+                    "model": str(model), "nproc": nproc, "threads": max(1, args.cores // nproc),
+                    "gradient_checkpointing": checkpointing, "compute_dtype": dtype, "steps": args.steps,
+                    "warmup": args.warmup, "groups": args.groups, "group_size": args.group_size,
+                    "micro_batch": args.micro_batch, "seed": args.seed,
+                }  # fmt: skip
+                result = run_configuration(options, folder / "options")
+                runs[nproc, checkpointing, dtype].append(result)
+                print(json.dumps(result), flush=True)
+    print_table([merge(results) for results in runs.values()])
     return 0
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's rounds as one: medians over every step, the largest memory."""
+    return {
+        **results[0],
+        "median_s": statistics.median(s for r in results for s in r["seconds"]),
+        "min_s": min(r["min_s"] for r in results),
+        "max_s": max(r["max_s"] for r in results),
+        "cpu_s": statistics.median(s for r in results for s in r["cpu_seconds"]),
+        "rest_mib": max(r["rest_mib"] for r in results),
+        "peak_mib": max(r["peak_mib"] for r in results),
+    }
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
