@@ -291,3 +291,15 @@ def test_dev_and_evaluate_are_refused_on_ranks(model_dir: Path, monkeypatch: pyt
     with pytest.raises(ConfigError, match=r"Trainer\.evaluate trains nothing"):
         trainer.evaluate(lambda task: 1.0, [{}])  # type: ignore[arg-type]
     assert not (model_dir.parent / "run").exists()
+
+
+def test_ranks_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fulgor.training.checkpoints import set_torch_threads, usable_cores
+
+    previous = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert set_torch_threads(None) == max(1, usable_cores() // 2)
+        assert set_torch_threads(3) == 3
+    finally:
+        torch.set_num_threads(previous)
