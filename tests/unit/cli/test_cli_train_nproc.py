@@ -145,6 +145,7 @@ def fulgor_train(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two runs, each starting torchrun and three Python processes with torch
 def test_two_ranks_train_checkpoint_sharded_and_continue(tmp_path: Path, tiny_model: Path) -> None:
     (tmp_path / "calls.py").write_text(AGENT)
     write_tasks(tmp_path / "tasks.jsonl")

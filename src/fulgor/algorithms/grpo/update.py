@@ -306,7 +306,7 @@ def token_logprobs(
     if prefixes is not None and (split is None or prefixes.decoder is not split[0]):
         raise ValueError("prefixes were computed by another model's decoder")
     if split is None:
-        logits = model(**inputs).logits[:, :-1][chosen]
+        logits = model(**inputs, use_cache=False).logits[:, :-1][chosen]
     else:
         decoder, head = split
         if prefixes is not None:
