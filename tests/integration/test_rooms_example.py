@@ -14,7 +14,8 @@ from fulgor.types import PromptTemplate
 
 @pytest.mark.parametrize(
     ("search", "steps"),
-    [pytest.param("beam", 2, marks=pytest.mark.slow(minutes=6)), ("pareto", 5)],  # beam's three steps: ~1,000 rollouts
+    # beam's three steps: ~1,000 rollouts
+    [pytest.param("beam", 2, marks=pytest.mark.slow(minutes=6)), ("pareto", 5)],
 )
 def test_apo_finds_booking_rules_the_seed_prompts_do_not_state(
     search: str, steps: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]

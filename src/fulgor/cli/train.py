@@ -8,11 +8,14 @@ NAME=FILE`` improved by the critic and editor at ``--optimizer-url``, on a local
 an ``--upstream``; it prints the best prompts and where they are written). ``--dev`` runs the
 agent once on each task without training (the quickest check of an agent, its rewards and its
 token ids) and ``--evaluate`` measures the ``--val`` tasks with the newest weights (and, for
-APO, the best prompts) of the run in ``--run-dir``. ``--upstream URL`` sends the agent's calls to an
-OpenAI-compatible server instead of a local model, for ``--dev``, ``--evaluate`` (recording a
-teacher's rollouts, say) and APO: no weights train there. Without ``--run-dir``, training and ``--dev``
-start a new ``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it.
-Task files are JSON Lines, one task (any JSON value) per line.
+APO, the best prompts) of the run in ``--run-dir``. ``--nproc N`` runs the GRPO update across N
+processes: the command runs itself again under torchrun (``torch.distributed.run``), rank 0 as
+the trainer and the others in the update only (:mod:`fulgor.training.distributed`).
+``--upstream URL`` sends the agent's calls to an OpenAI-compatible server instead of a local
+model, for ``--dev``, ``--evaluate`` (recording a teacher's rollouts, say) and APO: no weights
+train there. Without ``--run-dir``, training and ``--dev`` start a new
+``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it. Task files
+are JSON Lines, one task (any JSON value) per line.
 
 Every input (task files, model directory, run directory, device, agent, settings) is checked
 before any service starts; a bad one is one ``error:`` line and exit status 2. A missing extra, a
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fulgor.cli._nproc import add_update_arguments, check_update_options, rank, run_ranks
 from fulgor.cli._options import non_negative_float, positive_float, positive_int
 from fulgor.errors import ConfigError, FulgorError
 
@@ -210,6 +214,7 @@ def register(subparsers: Any) -> None:
         help="rollouts at once per runner (default 8)",
     )
     system.add_argument("--device", default="auto", help="auto (default), cpu, mps, cuda or cuda:N")
+    add_update_arguments(grpo, system)
     system.add_argument(
         "--no-resume",
         action="store_true",
@@ -316,7 +321,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         _require_extras(torch=args.upstream is None)
         if args.upstream is None:
-            _check_device(args.device)
+            _check_device(args.device, args.nproc)
         trainer = _trainer(args, job.run_dir)
         agent = _load_agent(args.agent)
     except ImportError as error:
@@ -326,7 +331,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
     _quiet_request_logs(args.verbose)
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return run_ranks(args, job.run_dir)
     try:
+        if rank() > 0:  # a rank of the update only: rank 0 reports
+            trainer.fit(agent, job.train, job.val)
+            return 0
         if args.dev:
             return _dev(trainer, agent, job)
         if args.evaluate:
@@ -377,6 +387,7 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
             "--evaluate measures the weights of a run (its newest checkpoint); pass its --run-dir"
         )
     _check_algorithm_options(args)
+    check_update_options(args)
     if args.keep_checkpoints < 0:
         raise ConfigError(
             f"--keep-checkpoints {args.keep_checkpoints} is negative; pass 0 to keep every checkpoint, "
@@ -531,8 +542,9 @@ def check_model_dir(model: Path) -> None:
         )
 
 
-def _check_device(device: str) -> None:
-    """A device this machine has (torch is importable by now); ``auto`` always is."""
+def _check_device(device: str, nproc: int = 1) -> None:
+    """A device this machine has (torch is importable by now; ``auto`` always is), and one for each
+    of ``nproc`` ranks."""
     from fulgor.engine.loading import require_torch, resolve_device
 
     resolved = resolve_device(device)  # a ModelLoadError for CUDA without a GPU
@@ -543,6 +555,13 @@ def _check_device(device: str) -> None:
             f"device {device!r} was asked for but this machine has {count} CUDA GPU(s), numbered from 0; "
             "use --device cuda:N with a smaller N, or --device cpu"
         )
+    if resolved == "cuda" and nproc > torch.cuda.device_count():
+        raise ConfigError(
+            f"--nproc {nproc} needs a CUDA GPU per rank and this machine has {torch.cuda.device_count()}; "
+            "pass a smaller --nproc, or --device cpu"
+        )
+    if resolved == "mps" and nproc > 1:
+        raise ConfigError("--nproc runs on the CPU (gloo) or CUDA GPUs (NCCL), not on MPS; pass --device cpu")
     if resolved == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(
             f"device {device!r} was asked for but Apple's MPS is not available; use --device cpu"
@@ -581,7 +600,12 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
     }
     learning_rate = args.learning_rate or _LEARNING_RATES[args.algorithm]
     if args.algorithm == "grpo":
-        return GRPO(**common, config=GRPOConfig(learning_rate=learning_rate))
+        config = GRPOConfig(
+            learning_rate=learning_rate,
+            gradient_checkpointing=args.gradient_checkpointing,
+            compute_dtype=args.compute_dtype,
+        )
+        return GRPO(**common, config=config)
     # Without training the rule plays no part, and may be left out.
     ruleless = args.min_reward is None and args.top_k is None and args.from_run is None
     return SFT(

@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ __all__ = [
     "load_training_state",
     "prune_checkpoints",
     "set_torch_threads",
+    "usable_cores",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,12 +64,15 @@ TRAINING_STATE_FILE = "training_state.pt"
 @dataclass
 class Policy:
     """The model the trainer updates, with its tokenizer; ``adapters`` names the LoRA adapters of a
-    model with one per agent (over the base model at ``base``)."""
+    model with one per agent (over the base model at ``base``). ``write_weights`` writes the model's
+    files into a checkpoint directory instead of ``model.save_pretrained`` (a model sharded over
+    processes gathers its weights first: :mod:`fulgor.training.distributed`)."""
 
     model: Any
     tokenizer: Any
     adapters: tuple[str, ...] = ()
     base: Path | None = None
+    write_weights: Callable[[Path], None] | None = None
 
     def save(self, checkpoints: Path, step: int, training_state: dict[str, Any] | None = None) -> Path:
         """Save as ``checkpoints/step-{step}`` (complete or absent, never half written), with
@@ -80,7 +84,8 @@ class Policy:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         try:
-            self.model.save_pretrained(partial)  # several adapters: one folder each, by name
+            # Several adapters: one folder each, by name.
+            (self.write_weights or self.model.save_pretrained)(partial)
             self.tokenizer.save_pretrained(partial)
             if self.adapters:
                 assert self.base is not None
@@ -298,15 +303,17 @@ def _remove_tree(hidden: Path) -> None:
 
 
 def set_torch_threads(threads: int | None) -> int:
-    """Use ``threads`` torch threads (default: every core this process may run on); returns it."""
+    """Use ``threads`` torch threads (default: every core this process may run on, shared among the
+    ranks torchrun started on this machine, ``LOCAL_WORLD_SIZE``); returns it."""
     import torch
 
-    count = threads or _usable_cores()
+    count = threads or max(1, usable_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(count)
     return count
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):  # the cores this process may run on (containers, taskset)
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

@@ -39,6 +39,7 @@ from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
+from fulgor.training import distributed
 from fulgor.training.checkpoints import (
     Policy,
     adapter_set,
@@ -50,6 +51,7 @@ from fulgor.training.checkpoints import (
     set_torch_threads,
 )
 from fulgor.training.collector import Collector
+from fulgor.training.distributed import Ranks
 from fulgor.training.reports import (
     DevReport,
     MetricsLog,
@@ -222,6 +224,10 @@ class Trainer:
                 "Trainer(engine=EngineConfig(model=DIR)), or use dev/evaluate (or an algorithm that "
                 "publishes nothing) with the upstream"
             )
+        if (world := distributed.world_from_env()) is not None:  # one of torchrun's ranks
+            fit = functools.partial(self._fit, agent, list(train_dataset), list(val_dataset))
+            run = functools.partial(distributed.fit_on_ranks, world, self.algorithm, self.engine)
+            return run(self.torch_threads, lambda ranks: _run_blocking(fit(ranks)))
         search = self._search_algorithm()
         if search is None:
             return _run_blocking(self._fit(agent, list(train_dataset), list(val_dataset)))
@@ -243,6 +249,7 @@ class Trainer:
         """
         if not dataset:
             raise ConfigError("the dev dataset is empty; pass at least one task")
+        distributed.refuse_ranks("Trainer.dev")
         return _run_blocking(self._dev(agent, list(dataset)))
 
     def evaluate(self, agent: Runnable, dataset: Sequence[Any]) -> dict[str, float]:
@@ -254,11 +261,14 @@ class Trainer:
         """
         if not dataset:
             raise ConfigError("the evaluation dataset is empty; pass at least one task")
+        distributed.refuse_ranks("Trainer.evaluate")
         return _run_blocking(self._evaluate(agent, list(dataset)))
 
     # -- the training loop --------------------------------------------------------------------------
 
-    async def _fit(self, agent: Runnable, train: list[Any], val: list[Any]) -> list[dict[str, Any]]:
+    async def _fit(
+        self, agent: Runnable, train: list[Any], val: list[Any], ranks: Ranks | None = None
+    ) -> list[dict[str, Any]]:
         start_step, model_dir = self._starting_point(training=True)
         log = MetricsLog(self.run_dir / "metrics.jsonl")
         if start_step >= self._algorithm.max_steps:
@@ -280,7 +290,7 @@ class Trainer:
                 trainable = None
                 if self._algorithm.publishes == "weights":
                     assert model_dir is not None  # a local engine: fit refuses weights on an upstream
-                    trainable = await asyncio.to_thread(self._trainable, model_dir, start_step)
+                    trainable = await asyncio.to_thread(self._trainable, model_dir, start_step, ranks)
                 await self._algorithm.prepare(None if trainable is None else trainable[0])
                 resources = await self.put_resources(services)
                 if val and start_step == 0 and self._algorithm.val_before_training:
@@ -657,11 +667,13 @@ class Trainer:
         logger.info("resuming from %s (step %d)", latest[1], latest[0])
         return latest
 
-    def _trainable(self, model_dir: Path, step: int) -> tuple[Policy, Updater]:
+    def _trainable(self, model_dir: Path, step: int, ranks: Ranks | None = None) -> tuple[Policy, Updater]:
         """The trainer's copy of the weights and the algorithm's updater (with a frozen copy of the
         starting weights when it asks for one); from a checkpoint (``step`` > 0), the updater
-        continues with the state saved with it."""
+        continues with the state saved with it. With ``ranks``, every rank's shard of them."""
         assert self.engine is not None
+        if ranks is not None:
+            return distributed.sharded_trainable(self._algorithm, model_dir, self.engine.model, step, ranks)
         policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
         reference = None
         if self._algorithm.needs_reference_model:
@@ -672,6 +684,8 @@ class Trainer:
             state = load_training_state(model_dir)
             if state is None:
                 logger.warning("%s holds no training state: the optimiser starts afresh", model_dir)
+            elif "optimizer_shards" in state["updater"]:  # saved by several ranks
+                distributed.resume_unsharded(updater, policy.model, model_dir, state["updater"])
             else:
                 updater.load_state_dict(state["updater"])
         return policy, updater

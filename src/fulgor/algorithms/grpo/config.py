@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from fulgor.errors import ConfigError
 
-__all__ = ["GRPOConfig"]
+__all__ = ["COMPUTE_DTYPES", "GRPOConfig"]
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,12 @@ class GRPOConfig:
     for samples drawn by older weights. ``kl_coef`` > 0 needs a reference model. The logprobs
     are taken in training mode: a model with dropout gives them dropout's noise (LLM RL runs with
     dropout off, as fulgor's built models do).
+
+    ``gradient_checkpointing`` keeps only each decoder layer's inputs through the forward and
+    recomputes the rest in the backward (transformers' ``gradient_checkpointing_enable``): less
+    memory for activations, one more forward of compute; it also turns shared prefixes off.
+    ``compute_dtype="bfloat16"`` runs the forward and backward under bfloat16 autocast (the
+    weights, their gradients and the optimiser stay float32; logprobs are taken in float32).
     """
 
     learning_rate: float = 3e-5
@@ -42,6 +50,8 @@ class GRPOConfig:
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
     mini_batches: int = 1
+    gradient_checkpointing: bool = False
+    compute_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         from fulgor.algorithms.grpo.core import advantage_estimator
@@ -69,6 +79,10 @@ class GRPOConfig:
             raise ConfigError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.mini_batches < 1:
             raise ConfigError(f"mini_batches must be >= 1, got {self.mini_batches}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ConfigError(
+                f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}"
+            )
         if self.importance_cap < 1:
             raise ConfigError(f"importance_cap must be >= 1, got {self.importance_cap}")
         if not self.kl_coef >= 0:

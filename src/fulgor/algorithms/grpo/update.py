@@ -22,14 +22,20 @@ With ``GRPOConfig(advantage="verl:NAME")`` the advantages come per token from ve
 loss takes the place of :func:`~fulgor.algorithms.grpo.core.policy_loss`; the rest of the step is
 the same.
 
+Data parallel (:class:`RowShare`): each of N processes runs every step on its own share of the rows,
+with the whole batch's normalisation, so the rows' gradients summed over the processes are the one
+process's gradient; the processes' model (sharded with FSDP2, see
+:mod:`fulgor.training.distributed`) sums them.
+
 What it does not know: where trajectories come from (the adapter), how weights reach the engine,
 or when to validate (the trainer).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Batch",
     "PolicyUpdater",
+    "RowShare",
     "Wave",
     "collate",
     "compute_advantages",
@@ -199,6 +206,53 @@ def waves(batch: Batch, size: int, share_prefixes: bool = False) -> list[Wave]:
     ]
 
 
+@dataclass(frozen=True)
+class RowShare:
+    """Process ``rank`` of ``world_size`` in a data-parallel update (``torch.distributed`` initialised):
+    each batch's rows, longest first, are dealt out in turn, so every process gets rows of every
+    length and the first process at most one more row than the others."""
+
+    rank: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank must be in [0, world_size), got {self.rank} of {self.world_size}")
+
+    def parts(self, batch: Batch, size: int) -> list[Batch]:
+        """This process's rows of ``batch`` in micro-batches of up to ``size`` rows (as
+        :func:`micro_batches` cuts them), then idle ones (one row, nothing trained) up to the count
+        the first process has: a sharded model needs every process to run as many forwards and
+        backwards as the others."""
+        lengths = batch.attention_mask.sum(1).tolist()
+        order = sorted(range(len(lengths)), key=lambda b: -lengths[b])
+        mine = order[self.rank :: self.world_size]
+        count = -(-len(order[0 :: self.world_size]) // size)
+        parts = [_part(batch, mine[start : start + size], lengths) for start in range(0, len(mine), size)]
+        return parts + [_idle(batch)] * (count - len(parts))
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """``values`` summed over the processes (the same keys on each)."""
+        import torch
+        import torch.distributed as dist
+
+        keys = sorted(values)
+        total = torch.tensor([values[key] for key in keys], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            total = total.cuda()
+        dist.all_reduce(total)
+        return dict(zip(keys, total.tolist(), strict=True))
+
+
+def _idle(batch: Batch) -> Batch:
+    """The first row of ``batch`` with no token under the loss: a forward and backward that add
+    nothing to any gradient."""
+    import torch
+
+    part = batch.rows(torch.zeros(1, dtype=torch.long, device=batch.input_ids.device), 2)
+    return replace(part, loss_mask=torch.zeros_like(part.loss_mask))
+
+
 def _mini_batches(trajectories: list[Trajectory], count: int) -> list[list[int]]:
     """Indices of ``trajectories`` in up to ``count`` mini-batches of whole groups, in order, as
     even in groups as can be."""
@@ -273,7 +327,7 @@ def token_logprobs(
     if prefixes is not None and (split is None or prefixes.decoder is not split[0]):
         raise ValueError("prefixes were computed by another model's decoder")
     if split is None:
-        logits = model(**inputs).logits[:, :-1][chosen]
+        logits = model(**inputs, use_cache=False).logits[:, :-1][chosen]
     else:
         decoder, head = split
         if prefixes is not None:
@@ -327,14 +381,29 @@ def _unwrap_lora(model: Any) -> Any:
 
 class PolicyUpdater:
     """Owns the optimiser; ``step`` applies one GRPO update to ``model`` in place; ``state_dict`` and
-    ``load_state_dict`` carry the optimiser through a checkpoint."""
+    ``load_state_dict`` carry the optimiser through a checkpoint.
 
-    def __init__(self, model: Any, config: GRPOConfig, reference_model: Any | None = None) -> None:
+    With ``share`` this process is one of a data-parallel update: ``step`` (called with the same
+    trajectories in every process) trains this process's rows only, and ``model`` must sum the
+    processes' gradients (FSDP2 averages them; the loss is scaled by the process count to make the
+    average a sum). Its metrics are the whole batch's.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        config: GRPOConfig,
+        reference_model: Any | None = None,
+        share: RowShare | None = None,
+    ) -> None:
         import torch
 
         self.model = model
         self.config = config
         self.reference_model = reference_model
+        self.share = share
+        if config.gradient_checkpointing:
+            _checkpoint_gradients(model)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.verl_loss: verl_bridge.VerlPolicyLoss | None = None
@@ -431,10 +500,10 @@ class PolicyUpdater:
         if self.verl_loss is not None:
             self.verl_loss.start_batch(int((batch.loss_mask.sum(1) > 0).sum()), total_tokens)
         sums: dict[str, float] = {}
-        share = shares_prefixes(self.model, batch)
-        for wave in waves(batch, self.config.micro_batch_size, share):
-            prefixes = forward_prefixes(self.model, wave)
-            reference = self._reference_prefixes(wave)
+        for wave in self._waves(batch):
+            with self._autocast():
+                prefixes = forward_prefixes(self.model, wave)
+                reference = self._reference_prefixes(wave)
             for part in wave.parts:
                 metrics = self._accumulate(
                     part, advantages, tokens_per_rollout, total_tokens, prefixes, reference
@@ -443,10 +512,14 @@ class PolicyUpdater:
                     sums[key] = sums.get(key, 0.0) + value
             if prefixes is not None:
                 prefixes.backward()
+        if self.share is not None:
+            sums = self.share.sum(sums)
         signal = batch.advantages if batch.advantages is not None else advantages
         if not self._kl_on() and not bool(signal.any()):
             return {**sums, "grad_norm": 0.0, "trained_tokens": total_tokens, "optimizer_steps": 0.0}
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # a sharded model's norm is a DTensor
+            grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         return {**sums, "grad_norm": float(grad_norm), "trained_tokens": total_tokens, "optimizer_steps": 1.0}
 
@@ -471,6 +544,23 @@ class PolicyUpdater:
             "importance_weight_mean": weight_mean * share,
         }
 
+    def _waves(self, batch: Batch) -> list[Wave]:
+        """The micro-batches this process runs: all of ``batch``'s (sharing prefixes where the model
+        can), or with ``share`` its own rows' (a sharded model cannot run its decoder apart)."""
+        if self.share is not None:
+            return [Wave(self.share.parts(batch, self.config.micro_batch_size), [], None)]
+        share = shares_prefixes(self.model, batch)
+        return waves(batch, self.config.micro_batch_size, share)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bfloat16 autocast on the model's device with ``compute_dtype="bfloat16"``, else nothing."""
+        import torch
+
+        if self.config.compute_dtype != "bfloat16":
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
     def _kl_on(self) -> bool:
         return self.reference_model is not None and self.config.kl_coef > 0
 
@@ -481,7 +571,7 @@ class PolicyUpdater:
         size = self.config.micro_batch_size
         lengths = batch.attention_mask.sum(1).tolist()
         logprobs = torch.zeros_like(batch.sampling_logprobs)
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             for start in range(0, len(lengths), size):
                 end = min(start + size, len(lengths))
                 width = int(max(lengths[start:end]))
@@ -517,7 +607,10 @@ class PolicyUpdater:
 
         mask = part.loss_mask
         share = float(mask.sum()) / max(total_tokens, 1.0)  # this micro-batch's share of sampled tokens
-        logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention_mask, mask, prefixes)
+        with self._autocast():
+            logprobs, entropy = token_logprobs(
+                self.model, part.input_ids, part.attention_mask, mask, prefixes
+            )
         old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
         if part.advantages is not None:
             token_advantages = part.advantages * mask
@@ -550,12 +643,29 @@ class PolicyUpdater:
             }
         metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1)) * share
         if self._kl_on():
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 reference, _ = token_logprobs(
                     self.reference_model, part.input_ids, part.attention_mask, mask, reference_prefixes
                 )
             kl = kl_penalty(logprobs, reference, mask)
             loss = loss + self.config.kl_coef * kl * share
             metrics["kl"] = float(kl.detach()) * share
+        if self.share is not None:
+            loss = loss * self.share.world_size  # the processes' gradients are averaged: make it a sum
         loss.backward()  # type: ignore[no-untyped-call]
         return metrics
+
+
+def _checkpoint_gradients(model: Any) -> None:
+    """Turn on transformers' activation (gradient) checkpointing, non-reentrant (it works with frozen
+    inputs and under FSDP); a ConfigError when ``model`` has none."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ConfigError(
+            f"{type(model).__name__} has no activation_checkpointing_enable(); train it with "
+            "gradient_checkpointing=False"
+        )
