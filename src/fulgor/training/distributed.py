@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fulgor.algorithms.grpo import GRPO
     from fulgor.algorithms.grpo.update import PolicyUpdater
     from fulgor.engine.local import EngineConfig
+    from fulgor.engine.vllm import VLLMConfig
 
 __all__ = [
     "OPTIMIZER_DIR",
@@ -333,7 +334,7 @@ def _trainable(
 def fit_on_ranks(
     world: World,
     algorithm: Any,
-    engine: EngineConfig | None,
+    engine: EngineConfig | VLLMConfig | None,
     torch_threads: int | None,
     fit: Callable[[Ranks], list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
@@ -348,7 +349,7 @@ def fit_on_ranks(
         ranks = Ranks(world, device)
         if not world.leader:
             set_torch_threads(torch_threads)
-            follow(algorithm, engine.model, ranks)
+            follow(algorithm, Path(engine.model), ranks)
             return []
         try:
             return fit(ranks)

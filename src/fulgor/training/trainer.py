@@ -673,7 +673,9 @@ class Trainer:
         continues with the state saved with it. With ``ranks``, every rank's shard of them."""
         assert self.engine is not None
         if ranks is not None:
-            return distributed.sharded_trainable(self._algorithm, model_dir, self.engine.model, step, ranks)
+            return distributed.sharded_trainable(
+                self._algorithm, model_dir, Path(self.engine.model), step, ranks
+            )
         policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
         reference = None
         if self._algorithm.needs_reference_model:
