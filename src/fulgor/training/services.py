@@ -121,6 +121,7 @@ async def start_services(
     model_name: str | None = None,
     adapters: Mapping[str, Path] | None = None,
     runners_backend: RayRunners | None = None,
+    runner_python: str | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
@@ -128,7 +129,8 @@ async def start_services(
     ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
     served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
     adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
-    ``runners_backend`` runs the runners as Ray actors instead of local processes.
+    ``runners_backend`` runs the runners as Ray actors instead of local processes;
+    ``runner_python`` runs the runner processes on that Python instead of this one.
     """
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
     from fulgor.net.asgi import ServerThread, serve_asgi
@@ -166,7 +168,14 @@ async def start_services(
         server_url = await stack.enter_async_context(serve_asgi(app, on_shutdown=app.draining.begin))
         runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
         runners = start_runners(
-            agent, store, server_url, n_runners, runner_config, runner_log, backend=runners_backend
+            agent,
+            store,
+            server_url,
+            n_runners,
+            runner_config,
+            runner_log,
+            backend=runners_backend,
+            python=runner_python,
         )
         stack.push_async_callback(runners.stop)
         where = "upstream" if engine is None else "engine"

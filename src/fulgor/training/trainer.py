@@ -66,7 +66,7 @@ from fulgor.training.rollouts import (
     validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
-from fulgor.training.runners import RayRunners
+from fulgor.training.runners import RayRunners, runner_python_path
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
@@ -109,8 +109,10 @@ class Trainer:
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop; with ``runners=RayRunners(...)``, as Ray actors
     (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
-    whose nodes are this machine). ``rollout_config`` sets each rollout's timeout and
-    retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
+    whose nodes are this machine). ``runner_python`` runs the runner processes on another Python:
+    an agent's own virtual environment, with fulgor's core installed, checked to load the agent
+    before any rollout runs. ``rollout_config`` sets each rollout's timeout and retries;
+    ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
 
@@ -135,6 +137,7 @@ class Trainer:
         store: Store | None = None,
         n_runners: int = 2,
         runners: RayRunners | None = None,
+        runner_python: str | Path | None = None,
         max_concurrency: int = 8,
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
@@ -164,6 +167,7 @@ class Trainer:
                 f"runners must be None (local processes) or fulgor.RayRunners(...), got {runners!r}"
             )
         self.runners = runners
+        self.runner_python = runner_python_path(runner_python, runners)
         # A short claim long-poll: stopping a runner waits for its claim in flight to return.
         self.runner_config = RunnerConfig(
             max_concurrency=max_concurrency, claim_wait_seconds=1.0, shutdown_grace_seconds=5.0
@@ -441,6 +445,7 @@ class Trainer:
             model_name=model_name,
             adapters=adapters,
             runners_backend=self.runners,
+            runner_python=self.runner_python,
         ) as services:
             yield services
 
