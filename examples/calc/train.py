@@ -22,10 +22,13 @@ Ctrl+C at any stage stops every process the demo started and exits with status 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,10 +83,13 @@ class DemoAgent:
 
 @dataclass
 class DemoResult:
-    """What a demo run produced, and how long each stage took."""
+    """What a demo run produced, and how long each stage took: wall seconds, and CPU seconds of
+    this process and the processes it started and saw end (the runner pool ends with each stage),
+    which a busy machine inflates less."""
 
     run_dir: Path
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     test_before: dict[str, float] = field(default_factory=dict)
     test_after: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -92,6 +98,19 @@ class DemoResult:
         data = asdict(self)
         data["run_dir"] = str(self.run_dir)
         return data
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the stage ``name``: wall and CPU seconds."""
+        started, cpu = time.perf_counter(), _cpu_seconds()
+        yield
+        self.seconds[name] = time.perf_counter() - started
+        self.cpu_seconds[name] = _cpu_seconds() - cpu
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_demo(
@@ -121,18 +140,16 @@ def run_demo(
     splits = make_splits(seed, sizes)
     base, warmed, grpo_dir = run_dir / "base", run_dir / "warm", run_dir / "grpo"
 
-    started = time.perf_counter()
-    if not (base / "config.json").is_file():
-        logger.info("[1/4] building a tiny model and its tokenizer in %s", base)
-        init_model(base, "tiny", seed=seed, corpus=corpus(splits["train"], demo.tool))
-    result.seconds["build_model"] = time.perf_counter() - started
+    with result.stage("build_model"):
+        if not (base / "config.json").is_file():
+            logger.info("[1/4] building a tiny model and its tokenizer in %s", base)
+            init_model(base, "tiny", seed=seed, corpus=corpus(splits["train"], demo.tool))
 
-    started = time.perf_counter()
-    if not (warmed / "config.json").is_file():
-        logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
-        set_torch_threads(1)  # small matrices: on a busy machine two threads slow each other down
-        warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed), tool=demo.tool)
-    result.seconds["warm_start"] = time.perf_counter() - started
+    with result.stage("warm_start"):
+        if not (warmed / "config.json").is_file():
+            logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
+            set_torch_threads(1)  # small matrices: on a busy machine two threads slow each other down
+            warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed), tool=demo.tool)
 
     def trainer(steps: int) -> Trainer:
         return Trainer(
@@ -147,19 +164,16 @@ def run_demo(
         )
 
     if test_before:
-        started = time.perf_counter()
-        result.test_before = trainer(max_steps).evaluate(demo.agent, splits["test"])
-        result.seconds["test_before"] = time.perf_counter() - started
+        with result.stage("test_before"):
+            result.test_before = trainer(max_steps).evaluate(demo.agent, splits["test"])
 
-    started = time.perf_counter()
-    logger.info("[3/4] GRPO: %d steps through the store, gateway, engine and runners", max_steps)
-    result.history = trainer(max_steps).fit(demo.agent, splits["train"], splits["val"])
-    result.seconds["grpo"] = time.perf_counter() - started
+    with result.stage("grpo"):
+        logger.info("[3/4] GRPO: %d steps through the store, gateway, engine and runners", max_steps)
+        result.history = trainer(max_steps).fit(demo.agent, splits["train"], splits["val"])
 
-    started = time.perf_counter()
-    logger.info("[4/4] held-out test split, greedy, with the final weights")
-    result.test_after = trainer(max_steps).evaluate(demo.agent, splits["test"])
-    result.seconds["test_after"] = time.perf_counter() - started
+    with result.stage("test_after"):
+        logger.info("[4/4] held-out test split, greedy, with the final weights")
+        result.test_after = trainer(max_steps).evaluate(demo.agent, splits["test"])
     (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
 

@@ -20,10 +20,12 @@ from tests.process_support import descendants
 pytest.importorskip("torch")
 
 from examples.calc.dataset import make_splits
-from examples.calc.warm_start import solution
+from examples.calc.train import run_demo
+from examples.calc.warm_start import WarmStartConfig, solution
 from examples.calc_autogen.agent import AGENT_NAME, autogen_calc
-from examples.calc_autogen.train import AUTOGEN_TOOL, ROOT, autogen_python
+from examples.calc_autogen.train import AUTOGEN_TOOL, ROOT, autogen_demo_agent, autogen_python
 from fulgor import GRPO, RolloutConfig, Trainer
+from fulgor.adapters import DriftReport
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
@@ -212,4 +214,39 @@ def test_fulgor_train_dev_runs_it_from_the_command_line(tmp_path: Path, python: 
     assert status == "failed"
     assert error is not None
     assert "--runner-python .frameworks/autogen/bin/python" in error
+    assert not agent_processes()
+
+
+def test_the_calc_demos_pipeline_trains_it_through_its_own_python(tmp_path: Path, python: str) -> None:
+    result = run_demo(
+        tmp_path / "calc-autogen",
+        max_steps=1,
+        warm=WarmStartConfig(steps=2, batch_size=4),
+        progress=False,
+        sizes=(16, 4, 4),
+        agent=autogen_demo_agent(),
+    )
+    [step] = [m for m in result.history if m["step"] == 1]
+    assert step["rollouts"] == 64
+    assert step["rollouts_failed"] == 0
+    assert step["drift/calls_trained"] == step["drift/calls_total"] > 0
+    assert all(step[f"drift/{name}"] == 0 for name in DriftReport.LOSSES)
+    assert result.test_after["val_rollouts_failed"] == 0
+    # AutoGen ran them (this Python cannot import it): the tool offered is as AutoGen writes it.
+    found = asyncio.run(recorded(tmp_path / "calc-autogen" / "grpo"))
+    assert all(call.request["tools"] == [AUTOGEN_TOOL] for _, calls, _ in found for call in calls)
+    assert not agent_processes()
+
+
+@pytest.mark.slow
+def test_grpo_teaches_the_autogen_agent_the_calculator(tmp_path: Path, python: str) -> None:
+    """The calc demo's acceptance, through AutoGen: seed 0's warm start right on under 30% of the
+    test problems, at least 90% after 30 GRPO steps, and no token lost."""
+    result = run_demo(
+        tmp_path / "calc-autogen", max_steps=30, test_before=True, progress=False, agent=autogen_demo_agent()
+    )
+    trained = [m for m in result.history if m["step"] > 0]
+    assert result.test_before["val_accuracy"] < 0.30
+    assert result.test_after["val_accuracy"] >= 0.90, result.history
+    assert all(m[f"drift/{name}"] == 0 for m in trained for name in DriftReport.LOSSES)
     assert not agent_processes()
