@@ -64,13 +64,18 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall], str | None
 
 
 def agent_processes() -> list[str]:
-    """Processes this test started still running (the runner pool, its runners), and any of this
-    example's anywhere (an MCP server that outlived its runner would no longer be below the test)."""
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    """Processes this test started still running (the runner pool, its runners, their servers), and
+    this example's orphans (an MCP server that outlived its runner is no longer below the test)."""
+    listing = subprocess.run(
+        ["ps", "-eo", "ppid,pid,args"], capture_output=True, text=True, check=True
+    ).stdout
     servers = ("examples.calc_autogen", CRASHING_SERVER, ANNOUNCING_SERVER)
-    return [f"pid {pid}" for pid in descendants(os.getpid())] + [
-        line for line in listing.splitlines() if any(server in line for server in servers)
+    orphans = [
+        line
+        for line in listing.splitlines()[1:]
+        if line.split()[0] == "1" and any(server in line for server in servers)
     ]
+    return [f"pid {pid}" for pid in descendants(os.getpid())] + orphans
 
 
 def calculator_call(task: dict[str, object]) -> ScriptedReply:
