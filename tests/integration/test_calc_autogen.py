@@ -20,7 +20,7 @@ from tests.process_support import descendants
 pytest.importorskip("torch")
 
 from examples.calc.dataset import make_splits
-from examples.calc.train import run_demo
+from examples.calc.train import main, run_demo
 from examples.calc.warm_start import WarmStartConfig, solution
 from examples.calc_autogen.agent import AGENT_NAME, autogen_calc
 from examples.calc_autogen.train import AUTOGEN_TOOL, ROOT, autogen_demo_agent, autogen_python
@@ -31,6 +31,7 @@ from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
 from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from fulgor.training.run_report import read_metrics
 from fulgor.types import ModelCall
 
 CRASHING_SERVER = "tests.integration.crashing_mcp_server"
@@ -244,14 +245,21 @@ def test_the_calc_demos_pipeline_trains_it_through_its_own_python(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_grpo_teaches_the_autogen_agent_the_calculator(tmp_path: Path, python: str) -> None:
-    """The calc demo's acceptance, through AutoGen: seed 0's warm start right on under 30% of the
-    test problems, at least 90% after 30 GRPO steps, and no token lost."""
-    result = run_demo(
-        tmp_path / "calc-autogen", max_steps=30, test_before=True, progress=False, agent=autogen_demo_agent()
-    )
-    trained = [m for m in result.history if m["step"] > 0]
-    assert result.test_before["val_accuracy"] < 0.30
-    assert result.test_after["val_accuracy"] >= 0.90, result.history
-    assert all(m[f"drift/{name}"] == 0 for m in trained for name in DriftReport.LOSSES)
+def test_grpo_teaches_the_autogen_agent_the_calculator(
+    tmp_path: Path, python: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m examples.calc_autogen.train`` for 30 steps, held to the calc demo's acceptance:
+    seed 0's warm start right on under 30% of the validation problems, at least 90% of the test
+    problems after GRPO, and no token lost."""
+    run_dir = tmp_path / "calc-autogen"
+    assert main(["--run-dir", str(run_dir), "--steps", "30"], agent=autogen_demo_agent()) == 0
+    history = read_metrics(run_dir / "grpo")
+    assert history[0]["val_accuracy"] < 0.30
+    for metrics in history[1:]:
+        assert metrics["rollouts_failed"] == 0, metrics
+        assert all(metrics[f"drift/{name}"] == 0 for name in DriftReport.LOSSES), metrics
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["test_after"]["val_accuracy"] >= 0.90, history
+    assert "calc-autogen: GRPO" in (run_dir / "grpo" / "report.html").read_text()
+    assert "held-out test accuracy" in capsys.readouterr().out
     assert not agent_processes()
