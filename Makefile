@@ -44,6 +44,15 @@ FRAMEWORK_VENVS := $(foreach name,$(FRAMEWORKS),.frameworks/$(name)/.installed)
 	.frameworks/$*/bin/python -m pip --disable-pip-version-check -q install -r $<
 	touch $@
 
+# The AutoGen environment holds fulgor's core too (no extras: the TensorBoard one needs a newer
+# protobuf than AutoGen's 5.29), so that a trainer starts its runner processes there
+# (`fulgor train --runner-python .frameworks/autogen/bin/python`, examples/calc_autogen).
+.frameworks/autogen/.installed: tests/integration/frameworks/requirements-autogen.txt pyproject.toml
+	rm -rf .frameworks/autogen
+	$(PYTHON) -m venv .frameworks/autogen
+	.frameworks/autogen/bin/python -m pip --disable-pip-version-check -q install -r $< -e .
+	touch $@
+
 unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS)
 	$(VENV)/bin/pytest -q --durations=20 $(PYTEST_ARGS)
 

@@ -22,19 +22,23 @@ Ctrl+C at any stage stops every process the demo started and exits with status 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from examples.calc.agent import calc_agent
+from examples.calc.calculator import CALCULATOR_TOOL
 from examples.calc.dataset import make_splits
 from examples.calc.warm_start import WarmStartConfig, corpus, warm_start
 
-__all__ = ["DemoResult", "demo_grpo", "run_demo"]
+__all__ = ["DemoAgent", "DemoResult", "demo_grpo", "main", "run_demo"]
 
 logger = logging.getLogger("examples.calc")
 
@@ -64,12 +68,28 @@ def demo_grpo(seed: int = 0, max_steps: int = 150, max_seconds: float | None = 2
     )
 
 
+@dataclass(frozen=True)
+class DemoAgent:
+    """The agent the demo trains: the rollout function, the calculator's definition as it offers
+    it to the model (the warm start's conversations carry the same, so that the model learns the
+    prompt it will see), and the Python its runner processes run on (None: this one)."""
+
+    agent: Any = calc_agent
+    tool: dict[str, Any] = field(default_factory=lambda: CALCULATOR_TOOL)
+    runner_python: str | Path | None = None
+    label: str = "calc"
+    """The run directory's default prefix and the report's title."""
+
+
 @dataclass
 class DemoResult:
-    """What a demo run produced, and how long each stage took."""
+    """What a demo run produced, and how long each stage took: wall seconds, and CPU seconds of
+    this process and the processes it started and saw end (the runner pool ends with each stage),
+    which a busy machine inflates less."""
 
     run_dir: Path
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     test_before: dict[str, float] = field(default_factory=dict)
     test_after: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -78,6 +98,19 @@ class DemoResult:
         data = asdict(self)
         data["run_dir"] = str(self.run_dir)
         return data
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the stage ``name``: wall and CPU seconds."""
+        started, cpu = time.perf_counter(), _cpu_seconds()
+        yield
+        self.seconds[name] = time.perf_counter() - started
+        self.cpu_seconds[name] = _cpu_seconds() - cpu
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_demo(
@@ -89,11 +122,15 @@ def run_demo(
     test_before: bool = False,
     progress: bool = True,
     sizes: tuple[int, int, int] = (512, 64, 128),
+    max_seconds: float | None = 285.0,
+    agent: DemoAgent | None = None,
 ) -> DemoResult:
     """Build, warm-start, train and test; every stage's output lands under ``run_dir``.
 
-    ``sizes`` are the train, validation and test splits' sizes.
+    ``sizes`` are the train, validation and test splits' sizes; ``max_seconds`` GRPO's time
+    budget; ``agent`` the agent trained (default: the openai-SDK one).
     """
+    demo = agent or DemoAgent()
     from fulgor import Trainer
     from fulgor.engine.local import EngineConfig
     from fulgor.engine.models import init_model
@@ -103,49 +140,46 @@ def run_demo(
     splits = make_splits(seed, sizes)
     base, warmed, grpo_dir = run_dir / "base", run_dir / "warm", run_dir / "grpo"
 
-    started = time.perf_counter()
-    if not (base / "config.json").is_file():
-        logger.info("[1/4] building a tiny model and its tokenizer in %s", base)
-        init_model(base, "tiny", seed=seed, corpus=corpus(splits["train"]))
-    result.seconds["build_model"] = time.perf_counter() - started
+    with result.stage("build_model"):
+        if not (base / "config.json").is_file():
+            logger.info("[1/4] building a tiny model and its tokenizer in %s", base)
+            init_model(base, "tiny", seed=seed, corpus=corpus(splits["train"], demo.tool))
 
-    started = time.perf_counter()
-    if not (warmed / "config.json").is_file():
-        logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
-        set_torch_threads(1)  # small matrices: on a busy machine two threads slow each other down
-        warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed))
-    result.seconds["warm_start"] = time.perf_counter() - started
+    with result.stage("warm_start"):
+        if not (warmed / "config.json").is_file():
+            logger.info("[2/4] warm start: SFT on synthetic solutions (the tool in some of them)")
+            set_torch_threads(1)  # small matrices: on a busy machine two threads slow each other down
+            warm_start(base, warmed, splits["train"], warm or WarmStartConfig(seed=seed), tool=demo.tool)
 
     def trainer(steps: int) -> Trainer:
         return Trainer(
-            algorithm=demo_grpo(seed, steps),
+            algorithm=demo_grpo(seed, steps, max_seconds),
             engine=EngineConfig(model=warmed, served_model_name=MODEL_NAME, device="cpu", seed=seed),
             run_dir=grpo_dir,
             n_runners=1,
+            runner_python=demo.runner_python,
             max_concurrency=64,
             torch_threads=1,
             progress=progress,
         )
 
     if test_before:
-        started = time.perf_counter()
-        result.test_before = trainer(max_steps).evaluate(calc_agent, splits["test"])
-        result.seconds["test_before"] = time.perf_counter() - started
+        with result.stage("test_before"):
+            result.test_before = trainer(max_steps).evaluate(demo.agent, splits["test"])
 
-    started = time.perf_counter()
-    logger.info("[3/4] GRPO: %d steps through the store, gateway, engine and runners", max_steps)
-    result.history = trainer(max_steps).fit(calc_agent, splits["train"], splits["val"])
-    result.seconds["grpo"] = time.perf_counter() - started
+    with result.stage("grpo"):
+        logger.info("[3/4] GRPO: %d steps through the store, gateway, engine and runners", max_steps)
+        result.history = trainer(max_steps).fit(demo.agent, splits["train"], splits["val"])
 
-    started = time.perf_counter()
-    logger.info("[4/4] held-out test split, greedy, with the final weights")
-    result.test_after = trainer(max_steps).evaluate(calc_agent, splits["test"])
-    result.seconds["test_after"] = time.perf_counter() - started
+    with result.stage("test_after"):
+        logger.info("[4/4] held-out test split, greedy, with the final weights")
+        result.test_after = trainer(max_steps).evaluate(demo.agent, splits["test"])
     (run_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, agent: DemoAgent | None = None) -> int:
+    """The demo's command line, for the openai-SDK agent or another (``agent``)."""
     from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
@@ -161,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    run_dir = args.run_dir or Path("runs") / time.strftime("calc-%Y%m%d-%H%M%S")
+    demo = agent or DemoAgent()
+    run_dir = args.run_dir or Path("runs") / time.strftime(f"{demo.label}-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     try:
-        result = run_demo(run_dir, seed=args.seed, max_steps=args.steps)
+        result = run_demo(run_dir, seed=args.seed, max_steps=args.steps, agent=demo)
     except KeyboardInterrupt:
         print(
             f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
@@ -176,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     first = next((m for m in result.history if m.get("step") == 0), {})
     report = write_run_report(
         grpo_dir,
-        title="calc: GRPO on a tiny model with a calculator tool",
+        title=f"{demo.label}: GRPO on a tiny model with a calculator tool",
         notes={
             "validation accuracy before GRPO": first.get("val_accuracy"),
             "held-out test accuracy after GRPO (greedy)": result.test_after.get("val_accuracy"),

@@ -24,7 +24,7 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,13 +73,14 @@ def solution(task: Task, use_tool: bool) -> list[dict[str, Any]]:
     return messages
 
 
-def corpus(tasks: Sequence[Task]) -> list[str]:
+def corpus(tasks: Sequence[Task], tool: Mapping[str, Any] = CALCULATOR_TOOL) -> list[str]:
     """Texts of the task for the tokenizer to learn from (``fulgor model init --corpus``).
 
-    The agent's system prompt, its tool's definition, and each task's question, tool call and
-    result: with a vocabulary fitted to them, a conversation takes about a third of the tokens.
+    The agent's system prompt, its tool's definition (``tool``, as the agent offers it to the
+    model), and each task's question, tool call and result: with a vocabulary fitted to them, a
+    conversation takes about a third of the tokens.
     """
-    texts = [SYSTEM_PROMPT, json.dumps(CALCULATOR_TOOL["function"])] * 50
+    texts = [SYSTEM_PROMPT, json.dumps(tool["function"])] * 50
     for task in tasks:
         expression = f"{task['a']}{task['op']}{task['b']}"
         call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
@@ -88,9 +89,18 @@ def corpus(tasks: Sequence[Task]) -> list[str]:
 
 
 def warm_start(
-    base: str | Path, out: str | Path, tasks: Sequence[Task], config: WarmStartConfig | None = None
+    base: str | Path,
+    out: str | Path,
+    tasks: Sequence[Task],
+    config: WarmStartConfig | None = None,
+    *,
+    tool: Mapping[str, Any] = CALCULATOR_TOOL,
 ) -> Path:
     """Fine-tune the model in ``base`` on synthetic solutions of ``tasks``; save it to ``out``.
+
+    ``tool`` is the calculator's definition as the agent offers it to the model (the chat template
+    writes it into the prompt): the openai-SDK agent's by default, another agent's (AutoGen adds
+    ``additionalProperties`` and ``strict``) for the conversations that agent has.
 
     The solutions go the way of SFT's distillation (:mod:`fulgor.algorithms.sft.distill`): each is
     a chat transcript, rendered with the model's own chat template and checked to render faithfully
@@ -113,7 +123,7 @@ def warm_start(
     stops = eos_token_ids(policy.model, policy.tokenizer)  # where the engine ends a turn
     # Every task's two solutions, rendered once: [task][use_tool].
     transcripts = [
-        Transcript.of(solution(task, use_tool), [CALCULATOR_TOOL], name=f"task-{index}-tool-{use_tool}")
+        Transcript.of(solution(task, use_tool), [dict(tool)], name=f"task-{index}-tool-{use_tool}")
         for index, task in enumerate(tasks)
         for use_tool in (False, True)
     ]

@@ -213,6 +213,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="rollouts at once per runner (default 8)",
     )
+    system.add_argument(
+        "--runner-python",
+        type=Path,
+        metavar="PYTHON",
+        help="run the runner processes on this Python: the agent's own virtual environment (e.g. one "
+        "whose packages clash with this one's), with fulgor installed there too",
+    )
     system.add_argument("--device", default="auto", help="auto (default), cpu, mps, cuda or cuda:N")
     add_update_arguments(grpo, system)
     system.add_argument(
@@ -664,6 +671,7 @@ def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
         run_dir=run_dir,
         n_runners=args.n_runners,
         max_concurrency=args.max_concurrency,
+        runner_python=args.runner_python,
         resume=not args.no_resume,
         keep_checkpoints=args.keep_checkpoints,
         progress=sys.stderr.isatty(),

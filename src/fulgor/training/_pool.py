@@ -6,6 +6,9 @@ JSON, so every setting (claim long-poll, heartbeat, grace period) reaches the ru
 read end of a pipe whose write end only the trainer holds: when it reads end-of-file the trainer
 is gone, however it ended, and the pool stops its runners at once (nobody is left to take their
 rollouts' outcomes, or to wait for them) and exits instead of outliving it.
+
+``python -m fulgor.training._pool --check SPEC`` loads the agent and prints fulgor's version: what
+the trainer asks of a runner Python other than its own before starting the pool on it.
 """
 
 from __future__ import annotations
@@ -20,21 +23,28 @@ import threading
 from fulgor.runner.pool import PoolConfig, RunnerPool
 from fulgor.runner.worker import RunnerConfig
 
-__all__ = ["command_line", "main"]
+__all__ = ["CHECK", "command_line", "main"]
 
 logger = logging.getLogger(__name__)
 
+CHECK = "--check"
 
-def command_line(spec: str, store_url: str, config: PoolConfig, parent_fd: int) -> list[str]:
-    """The command that runs ``config.n_runners`` runners of ``spec`` against ``store_url``."""
+
+def command_line(
+    spec: str, store_url: str, config: PoolConfig, parent_fd: int, python: str = sys.executable
+) -> list[str]:
+    """The command that runs ``config.n_runners`` runners of ``spec`` against ``store_url`` on
+    ``python``."""
     # The operator key stays off the command line (``ps`` shows it): ProcessRunners passes it as
     # $FULGOR_TOKEN, which the runners fall back to.
     runner = dataclasses.replace(config.runner, operator_key=None)
     settings = {"n_runners": config.n_runners, "runner": dataclasses.asdict(runner)}
-    return [sys.executable, "-m", __name__, spec, store_url, json.dumps(settings), str(parent_fd)]
+    return [python, "-m", __name__, spec, store_url, json.dumps(settings), str(parent_fd)]
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == [CHECK]:
+        return _check(argv[1])
     spec, store_url, settings, parent_fd = argv
     options = json.loads(settings)
     config = PoolConfig(n_runners=options["n_runners"], runner=RunnerConfig(**options["runner"]))
@@ -43,6 +53,21 @@ def main(argv: list[str]) -> int:
     watcher = threading.Thread(target=_stop_when_parent_exits, args=(int(parent_fd), pool), daemon=True)
     watcher.start()
     return pool.run()
+
+
+def _check(spec: str) -> int:
+    """Load the agent as a runner would; print fulgor's version, or the error (exit status 2)."""
+    from fulgor.errors import ConfigError
+    from fulgor.runner.pool import load_agent
+    from fulgor.version import __version__
+
+    try:
+        load_agent(spec)
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        return 2
+    print(__version__)
+    return 0
 
 
 def _stop_when_parent_exits(fd: int, pool: RunnerPool) -> None:

@@ -47,6 +47,9 @@ __all__ = [
     "RayRunners",
     "RunnerGroup",
     "agent_spec",
+    "check_runner_python",
+    "runner_path",
+    "runner_python_path",
     "start_runners",
 ]
 
@@ -228,22 +231,30 @@ def start_runners(
     config: RunnerConfig,
     log_path: Path,
     backend: RayRunners | None = None,
+    python: str | None = None,
 ) -> RunnerGroup:
     """Start ``n_runners`` runners for ``agent``: processes when they can import it, else in-process;
-    Ray actors with a ``backend``.
+    Ray actors with a ``backend``; processes of another ``python`` (an agent's own virtual
+    environment) when it is given.
 
     Runner processes write their log to ``log_path``; in-process runners log like the trainer, and
     Ray actors to Ray's own logs.
     """
     spec = agent_spec(agent)
     group: RunnerGroup
+    if python is not None and (backend is not None or spec is None):
+        raise ConfigError(
+            f"runner_python {python} runs the runners as processes of that Python, which import the "
+            "agent by name: give a @fulgor.rollout function or Agent defined at module level "
+            f"(got {agent!r}), and no Ray runners"
+        )
     if backend is not None:
         group = backend.start(agent if spec is None else spec, store_url, n_runners, config)
     elif spec is None:
         group = InProcessRunners(agent, store, n_runners, config)
     else:
         pool = PoolConfig(n_runners=n_runners, runner=config)
-        group = ProcessRunners(spec, store_url, pool, log_path)
+        group = ProcessRunners(spec, store_url, pool, log_path, python=python)
     logger.info("started %s", group.description)
     return group
 
@@ -289,25 +300,37 @@ class ProcessRunners:
     their grace period (sent to the whole process group, the SIGINT would count as the pool's
     first signal and the trainer's SIGTERM as its second: stop at once). Should the trainer die,
     the pool reads end-of-file on its pipe and drains.
+
+    ``python`` runs the pool on another interpreter (an agent's own virtual environment, whose
+    packages clash with the trainer's): it sees the trainer's ``sys.path`` but for the trainer's
+    own standard library and site-packages, so it imports from source what the trainer does (the
+    agent's modules, a fulgor checkout) and everything else from its own environment. It is asked
+    first (:func:`check_runner_python`) whether it loads the agent with the trainer's fulgor.
     """
 
-    def __init__(self, spec: str, store_url: str, config: PoolConfig, log_path: Path) -> None:
-        self.description = f"{config.n_runners} runner process(es) for agent {spec}, logging to {log_path}"
+    def __init__(
+        self, spec: str, store_url: str, config: PoolConfig, log_path: Path, python: str | None = None
+    ) -> None:
+        on = "" if python is None else f" on {python}"
+        self.description = (
+            f"{config.n_runners} runner process(es) for agent {spec}{on}, logging to {log_path}"
+        )
         self._log_path = log_path
         self._config = config
         # Imported here: the command imports this package, and runpy warns when it finds the
         # module it runs already imported.
         from fulgor.training._pool import command_line
 
-        path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-        env = {**os.environ, "PYTHONPATH": path}
+        env = {**os.environ, "PYTHONPATH": runner_path(foreign=python is not None)}
+        if python is not None:
+            check_runner_python(python, spec, env)
         if config.runner.operator_key is not None:  # not on the command line: see command_line
             env[TOKEN_ENV] = config.runner.operator_key
         log_path.parent.mkdir(parents=True, exist_ok=True)  # before the pipe: a failure leaks no descriptor
         # Only this process holds the write end (os.pipe's descriptors are not inherited): the pool
         # sees end-of-file when the trainer is gone.
         parent_read, self._parent_write = os.pipe()
-        command = command_line(spec, store_url, config, parent_read)
+        command = command_line(spec, store_url, config, parent_read, python or sys.executable)
         try:
             with log_path.open("ab") as log:
                 self._process = subprocess.Popen(
@@ -361,6 +384,70 @@ class ProcessRunners:
                     os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()
             os.close(self._parent_write)
+
+
+def runner_python_path(
+    python: str | Path | None, backend: RayRunners | KubernetesRunners | None = None
+) -> str | None:
+    """``Trainer(runner_python=...)`` checked: the path of an executable file, and local runners."""
+    if python is None:
+        return None
+    if backend is not None:
+        raise ConfigError(
+            f"runner_python starts local runner processes: it cannot go with {type(backend).__name__}"
+        )
+    path = Path(python)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise ConfigError(
+            f"runner_python {str(python)!r} is not an executable file: give the Python of the agent's "
+            "environment, e.g. .venv-agent/bin/python"
+        )
+    return str(path)
+
+
+def runner_path(foreign: bool) -> str:
+    """The trainer's ``sys.path`` as the runners' ``PYTHONPATH``; for another Python (``foreign``),
+    without what lies under the trainer's own prefixes (its standard library and site-packages),
+    which that Python has its own of."""
+    entries = [entry or os.getcwd() for entry in sys.path]
+    if foreign:
+        prefixes = {
+            os.path.realpath(prefix)
+            for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+        }
+        entries = [
+            entry
+            for entry in entries
+            if not any(Path(os.path.realpath(entry)).is_relative_to(prefix) for prefix in prefixes)
+        ]
+    return os.pathsep.join(entries)
+
+
+def check_runner_python(python: str, spec: str, env: Mapping[str, str]) -> None:
+    """Raise ConfigError, saying what to do, unless ``python`` loads the agent ``spec`` with the
+    same fulgor version as the trainer's (``python -m fulgor.training._pool --check SPEC``)."""
+    from fulgor.training._pool import CHECK
+    from fulgor.version import __version__
+
+    command = [python, "-m", "fulgor.training._pool", CHECK, spec]
+    try:
+        done = subprocess.run(command, env=dict(env), capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ConfigError(f"cannot run the runner Python {python}: {error}") from error
+    said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+    if done.returncode == 2:
+        raise ConfigError(f"the runner Python {python} cannot load the agent: {said}")
+    install = (
+        f"install fulgor {__version__} in its environment ({python} -m pip install fulgor=={__version__}, "
+        "or `-m pip install -e .` from a fulgor checkout)"
+    )
+    if done.returncode != 0:
+        raise ConfigError(f"the runner Python {python} cannot run fulgor's runners ({said}): {install}")
+    version = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "none"
+    if version != __version__:
+        raise ConfigError(
+            f"the runner Python {python} has fulgor {version}, the trainer {__version__}: {install}"
+        )
 
 
 class RayRunnerGroup:

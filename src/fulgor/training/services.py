@@ -134,6 +134,7 @@ async def start_services(
     model_name: str | None = None,
     adapters: Mapping[str, Path] | None = None,
     runners_backend: RayRunners | KubernetesRunners | None = None,
+    runner_python: str | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
@@ -144,6 +145,7 @@ async def start_services(
     ``runners_backend`` runs the runners as Ray actors instead of local processes, or each attempt as
     a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say).
     Given a ``VLLMConfig``, vLLM serves the model (started, or attached to by ``url``, and stopped last).
+    ``runner_python`` runs the runner processes on that Python instead of this one.
     """
     from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
@@ -202,7 +204,11 @@ async def start_services(
             logger.info("started %s", runners.description)
         else:
             runners = start_runners(
-                agent, store, server_url, n_runners, runner_config, runner_log, backend=runners_backend
+                agent, store, server_url, n_runners,
+                runner_config,
+                runner_log,
+                backend=runners_backend,
+                python=runner_python,
             )
         stack.push_async_callback(runners.stop)
         where = "upstream" if engine is None else "engine"

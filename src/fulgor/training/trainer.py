@@ -69,7 +69,7 @@ from fulgor.training.rollouts import (
     validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
-from fulgor.training.runners import KubernetesRunners, RayRunners
+from fulgor.training.runners import KubernetesRunners, RayRunners, runner_python_path
 from fulgor.training.services import Services, open_run_store, start_services
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
@@ -118,7 +118,9 @@ class Trainer:
     (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
     whose nodes are this machine); with ``runners=KubernetesRunners(...)``, each attempt of a
     ``SubprocessAgent`` as a Kubernetes Job (:class:`~fulgor.training.runners.KubernetesRunners`:
-    at most ``n_runners`` x ``max_concurrency`` Jobs at once). ``rollout_config`` sets each
+    at most ``n_runners`` x ``max_concurrency`` Jobs at once). ``runner_python`` runs the runner
+    processes on another Python: an agent's own virtual environment, with fulgor's core installed,
+    checked to load the agent before any rollout runs. ``rollout_config`` sets each
     rollout's timeout and retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
@@ -144,6 +146,7 @@ class Trainer:
         store: Store | None = None,
         n_runners: int = 2,
         runners: RayRunners | KubernetesRunners | None = None,
+        runner_python: str | Path | None = None,
         max_concurrency: int = 8,
         rollout_config: RolloutConfig | None = None,
         torch_threads: int | None = None,
@@ -174,6 +177,7 @@ class Trainer:
                 f"fulgor.KubernetesRunners(...), got {runners!r}"
             )
         self.runners = runners
+        self.runner_python = runner_python_path(runner_python, runners)
         # A short claim long-poll: stopping a runner waits for its claim in flight to return.
         self.runner_config = RunnerConfig(
             max_concurrency=max_concurrency, claim_wait_seconds=1.0, shutdown_grace_seconds=5.0
@@ -461,6 +465,7 @@ class Trainer:
             model_name=model_name,
             adapters=adapters,
             runners_backend=self.runners,
+            runner_python=self.runner_python,
         ) as services:
             yield services
 
