@@ -48,8 +48,8 @@ __all__ = [
     "RunnerGroup",
     "agent_spec",
     "check_runner_python",
+    "check_runners",
     "runner_path",
-    "runner_python_path",
     "start_runners",
 ]
 
@@ -386,10 +386,14 @@ class ProcessRunners:
             os.close(self._parent_write)
 
 
-def runner_python_path(
-    python: str | Path | None, backend: RayRunners | KubernetesRunners | None = None
-) -> str | None:
-    """``Trainer(runner_python=...)`` checked: the path of an executable file, and local runners."""
+def check_runners(backend: object, python: str | Path | None) -> str | None:
+    """``Trainer(runners=..., runner_python=...)`` checked: the runners one of fulgor's kinds, and
+    ``runner_python`` (returned as a string) the path of an executable file, for local runners."""
+    if backend is not None and not isinstance(backend, RayRunners | KubernetesRunners):
+        raise ConfigError(
+            "runners must be None (local processes), fulgor.RayRunners(...) or "
+            f"fulgor.KubernetesRunners(...), got {backend!r}"
+        )
     if python is None:
         return None
     if backend is not None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from fulgor.engine.vllm import VLLMConfig, VLLMServer
     from fulgor.gateway import Gateway, Upstream
 
-__all__ = ["Services", "open_run_store", "start_services"]
+__all__ = ["Services", "open_run_store", "start_services", "trainer_upstream"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,10 @@ async def start_services(
             logger.info("started %s", runners.description)
         else:
             runners = start_runners(
-                agent, store, server_url, n_runners,
+                agent,
+                store,
+                server_url,
+                n_runners,
                 runner_config,
                 runner_log,
                 backend=runners_backend,
@@ -245,3 +248,31 @@ async def open_run_store(run_dir: Path) -> Store:
         await store.close()
         raise
     return store
+
+
+def trainer_upstream(
+    engine: EngineConfig | VLLMConfig | None,
+    upstream: str | Upstream | None,
+    api_key: str | None,
+    model: str | None,
+) -> Upstream | None:
+    """The upstream the trainer sends calls to, or None for the local engine; exactly one is given."""
+    if (engine is None) == (upstream is None):
+        raise ConfigError(
+            "pass either engine=EngineConfig(model=DIR) (a local model fulgor serves and trains) or "
+            "upstream='http://host:port/v1' (a server it only calls), not both or neither"
+        )
+    if upstream is None:
+        if api_key is not None or model is not None:
+            raise ConfigError(
+                "api_key and model go with upstream=...; the local engine serves the model in its "
+                "EngineConfig under EngineConfig.served_model_name"
+            )
+        return None
+    from fulgor.gateway import Upstream
+
+    if isinstance(upstream, str):
+        return Upstream(upstream, api_key=api_key)
+    if api_key is not None:
+        return replace(upstream, api_key=api_key)
+    return upstream

@@ -69,8 +69,8 @@ from fulgor.training.rollouts import (
     validation_metrics,
 )
 from fulgor.training.run_report import read_metrics, write_run_info
-from fulgor.training.runners import KubernetesRunners, RayRunners, runner_python_path
-from fulgor.training.services import Services, open_run_store, start_services
+from fulgor.training.runners import KubernetesRunners, RayRunners, check_runners
+from fulgor.training.services import Services, open_run_store, start_services, trainer_upstream
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, RolloutRequest
@@ -166,18 +166,13 @@ class Trainer:
         _check_algorithm(algorithm)
         self.algorithm = algorithm
         self.engine = engine
-        self.upstream = _upstream(engine, upstream, api_key, model)
+        self.upstream = trainer_upstream(engine, upstream, api_key, model)
         self.model = model
         self.run_dir = Path(run_dir)
         self.store = store
         self.n_runners = n_runners
-        if runners is not None and not isinstance(runners, RayRunners | KubernetesRunners):
-            raise ConfigError(
-                "runners must be None (local processes), fulgor.RayRunners(...) or "
-                f"fulgor.KubernetesRunners(...), got {runners!r}"
-            )
         self.runners = runners
-        self.runner_python = runner_python_path(runner_python, runners)
+        self.runner_python = check_runners(runners, runner_python)
         # A short claim long-poll: stopping a runner waits for its claim in flight to return.
         self.runner_config = RunnerConfig(
             max_concurrency=max_concurrency, claim_wait_seconds=1.0, shutdown_grace_seconds=5.0
@@ -712,34 +707,6 @@ class Trainer:
             config=self.rollout_config,
             metadata={"step": step} if step else {},
         )
-
-
-def _upstream(
-    engine: EngineConfig | VLLMConfig | None,
-    upstream: str | Upstream | None,
-    api_key: str | None,
-    model: str | None,
-) -> Upstream | None:
-    """The upstream the trainer sends calls to, or None for the local engine; exactly one is given."""
-    if (engine is None) == (upstream is None):
-        raise ConfigError(
-            "pass either engine=EngineConfig(model=DIR) (a local model fulgor serves and trains) or "
-            "upstream='http://host:port/v1' (a server it only calls), not both or neither"
-        )
-    if upstream is None:
-        if api_key is not None or model is not None:
-            raise ConfigError(
-                "api_key and model go with upstream=...; the local engine serves the model in its "
-                "EngineConfig under EngineConfig.served_model_name"
-            )
-        return None
-    from fulgor.gateway import Upstream
-
-    if isinstance(upstream, str):
-        return Upstream(upstream, api_key=api_key)
-    if api_key is not None:
-        return replace(upstream, api_key=api_key)
-    return upstream
 
 
 def _check_algorithm(algorithm: Any) -> None:
