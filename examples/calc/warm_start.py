@@ -32,7 +32,7 @@ from typing import Any
 from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate
 from examples.calc.dataset import Task, make_splits
 
-__all__ = ["WarmStartConfig", "corpus", "solution", "train_and_save", "warm_start"]
+__all__ = ["WarmStartConfig", "corpus", "solution", "tool_exchange", "train_and_save", "warm_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,16 +61,24 @@ def solution(task: Task, use_tool: bool) -> list[dict[str, Any]]:
         {"role": "user", "content": task["question"]},
     ]
     if use_tool:
-        expression = f"{task['a']}{task['op']}{task['b']}"
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
-        }
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": "call_0", "content": calculate(expression)})
+        messages += tool_exchange(task)
     messages.append({"role": "assistant", "content": f"Answer: {task['answer']}"})
     return messages
+
+
+def tool_exchange(task: Task, *, named: bool = False) -> list[dict[str, Any]]:
+    """The calculator's call on ``task``'s operands and its result, as the assistant's and the tool's
+    messages (with ``named``, the tool's message names the tool, as CrewAI writes it)."""
+    expression = f"{task['a']}{task['op']}{task['b']}"
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+    }
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": "call_0", "content": calculate(expression)}
+    if named:
+        result["name"] = "calculator"
+    return [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
 
 
 def corpus(tasks: Sequence[Task], tool: Mapping[str, Any] = CALCULATOR_TOOL) -> list[str]:

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.calc.calculator import calculate
 from examples.calc.dataset import Task, make_splits
-from examples.calc.warm_start import train_and_save
+from examples.calc.warm_start import tool_exchange, train_and_save
 from examples.crew.prompts import (
     CALCULATOR_TOOL,
     REPORTER,
@@ -65,16 +64,7 @@ def solver_conversation(task: Task, use_tool: bool) -> list[dict[str, Any]]:
     """
     messages = conversation_start(SOLVER, task["question"], SOLVER_TASK["expected_output"])
     if use_tool:
-        expression = f"{task['a']}{task['op']}{task['b']}"
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
-        }
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append(
-            {"role": "tool", "tool_call_id": "call_0", "name": "calculator", "content": calculate(expression)}
-        )
+        messages += tool_exchange(task, named=True)
     messages.append({"role": "assistant", "content": str(task["answer"])})
     return messages
 
