@@ -29,7 +29,6 @@ would. What no simulation gives: images, scheduling, nodes, pods as objects, wat
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
 import itertools
@@ -48,6 +47,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, serve_http
+from fulgor.testing._loop_thread import LoopThread
 
 __all__ = ["SimulatedJob", "SimulatedKubernetesAPI"]
 
@@ -80,8 +80,7 @@ class SimulatedKubernetesAPI:
         self._jobs: dict[tuple[str, str], SimulatedJob] = {}
         self._versions = itertools.count(1)
         self._server: HttpServer | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread("simulated-kubernetes-api")
         self._lock = threading.Lock()
         self.creations: list[tuple[str, float]] = []
         """Each Job created, as (name, monotonic time of its creation), in order."""
@@ -102,31 +101,14 @@ class SimulatedKubernetesAPI:
         return f"http://{self._host}:{port}"
 
     def __enter__(self) -> SimulatedKubernetesAPI:
-        loop = asyncio.new_event_loop()
-        started: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                self._server = loop.run_until_complete(serve_http(self._handle, self._host, 0))
-            except BaseException as error:
-                loop.close()
-                started.set_exception(error)
-                return
-            started.set_result(None)
-            loop.run_forever()
-            loop.run_until_complete(self._close())
-            loop.close()
-
-        thread = threading.Thread(target=run, name="simulated-kubernetes-api", daemon=True)
-        thread.start()
-        started.result(10)
-        self._loop, self._thread = loop, thread
+        self._thread.start(self._open, self._close)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(30)
+        self._thread.stop(30)
+
+    async def _open(self) -> None:
+        self._server = await serve_http(self._handle, self._host, 0)
 
     async def _close(self) -> None:
         assert self._server is not None

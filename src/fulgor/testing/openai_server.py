@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import itertools
 import json
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -29,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fulgor.net.http_server import HttpReply, HttpRequest, HttpServer, serve_http
+from fulgor.testing._loop_thread import LoopThread
 
 __all__ = ["Sample", "ScriptedOpenAIServer", "ScriptedReply", "ScriptedToolCall", "encode"]
 
@@ -121,8 +120,7 @@ class ScriptedOpenAIServer:
         self._host = host
         self._port = port
         self._server: HttpServer | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = LoopThread("scripted-openai-server")
 
     # -- scripting --------------------------------------------------------------------------------
 
@@ -165,31 +163,11 @@ class ScriptedOpenAIServer:
         await self.close()
 
     def __enter__(self) -> ScriptedOpenAIServer:
-        loop = asyncio.new_event_loop()
-        started: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                loop.run_until_complete(self.start())
-            except BaseException as error:  # a taken port: __enter__ raises it
-                loop.close()
-                started.set_exception(error)
-                return
-            started.set_result(None)
-            loop.run_forever()
-            loop.run_until_complete(self.close())
-            loop.close()
-
-        thread = threading.Thread(target=run, name="scripted-openai-server", daemon=True)
-        thread.start()
-        started.result(10)
-        self._loop, self._thread = loop, thread
+        self._thread.start(self.start, self.close)  # a taken port: raised here
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
+        self._thread.stop(10)
 
     # -- protocol ---------------------------------------------------------------------------------
 
