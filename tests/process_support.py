@@ -16,9 +16,9 @@ def take_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid``, read from /proc."""
-    children: dict[int, list[int]] = {}
+def live_processes() -> dict[int, tuple[int, int]]:
+    """Every live process (zombies left out) as pid: (parent pid, process group), read from /proc."""
+    processes: dict[int, tuple[int, int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -27,7 +27,20 @@ def descendants(pid: int) -> set[int]:
         except OSError:
             continue
         if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            processes[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return processes
+
+
+def process_group(pgid: int) -> set[int]:
+    """The live processes of process group ``pgid``."""
+    return {pid for pid, (_, group) in live_processes().items() if group == pgid}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in live_processes().items():
+        children.setdefault(parent, []).append(child)
     found: set[int] = set()
     stack = [pid]
     while stack:

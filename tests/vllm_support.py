@@ -67,18 +67,3 @@ def lora_adapter(model: Path, out: Path, seed: int) -> Path:
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(AutoModelForCausalLM.from_pretrained(model), config).save_pretrained(out)
     return out
-
-
-def process_group(pgid: int) -> set[int]:
-    """The live processes of process group ``pgid``, read from /proc."""
-    members = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.add(int(entry.name))
-    return members

@@ -24,7 +24,8 @@ pytest.importorskip("peft")
 
 from tests.engine_support import assert_logprobs_of
 from tests.integration.gateway_support import gateway_env
-from tests.vllm_support import cpu_vllm, lora_adapter, perturbed_copy, process_group
+from tests.process_support import process_group
+from tests.vllm_support import cpu_vllm, lora_adapter, perturbed_copy
 
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.models import init_model

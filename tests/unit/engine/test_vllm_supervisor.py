@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.vllm_support import process_group
+from tests.process_support import process_group
 
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.vllm import VLLMConfig, VLLMServer, build_command
