@@ -26,15 +26,25 @@ DEADLINE_ENV = "FULGOR_TEST_DEADLINE"
 _UNKNOWN_SLOW_MINUTES = 30  # pytest's per-test timeout in the slow tier
 
 
+def _slow_minutes(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("slow")
+    return 0 if marker is None else marker.kwargs.get("minutes", _UNKNOWN_SLOW_MINUTES)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under a deadline, the shortest tests first, so that as many as fit run."""
+    if os.environ.get(DEADLINE_ENV) is not None:
+        items.sort(key=_slow_minutes)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Under a deadline, a slow test starts only when the minutes it declares
     (``@pytest.mark.slow(minutes=N)``, measured on 2 cores) still fit before it; else it is skipped,
     and the skip says why, so that a run cut short is never mistaken for a complete one."""
     deadline = os.environ.get(DEADLINE_ENV)
-    marker = item.get_closest_marker("slow")
-    if deadline is None or marker is None:
+    minutes = _slow_minutes(item)
+    if deadline is None or not minutes:
         return
-    minutes = marker.kwargs.get("minutes", _UNKNOWN_SLOW_MINUTES)
     left_minutes = (float(deadline) - time.time()) / 60
     if minutes > left_minutes:
         pytest.skip(

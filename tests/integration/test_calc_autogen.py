@@ -244,7 +244,7 @@ def test_the_calc_demos_pipeline_trains_it_through_its_own_python(tmp_path: Path
     assert not agent_processes()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=15)
 def test_grpo_teaches_the_autogen_agent_the_calculator(
     tmp_path: Path, python: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
