@@ -30,8 +30,14 @@ RAY_PROCESSES = ("ray::", "raylet", "gcs_server")
 
 
 def ray_processes() -> list[str]:
+    """Ray's live processes; a zombie (``<defunct>``: ended, its entry not yet reaped by the parent
+    it was handed to, which in a container may be an init that never reaps) runs nothing."""
     listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if any(name in line for name in RAY_PROCESSES)]
+    return [
+        line
+        for line in listing.splitlines()
+        if any(name in line for name in RAY_PROCESSES) and "<defunct>" not in line
+    ]
 
 
 async def attempts_of(path: Path) -> list[list[tuple[str, str]]]:

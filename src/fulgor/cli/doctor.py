@@ -70,8 +70,9 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "report": ("matplotlib>=3.8",),
     "tracking": ("tensorboard>=2.16", "wandb>=0.18"),
     "ray": ("ray>=2.30",),
+    "kubernetes": ("kubernetes>=31",),
     "postgres": ("psycopg[binary]>=3.2", "psycopg-pool>=3.2"),
-    "vllm": ("vllm>=0.10.2",),
+    "vllm": ("vllm==0.32.0",),
 }
 MIN_PYTHON = (3, 11)
 MIN_SQLITE = (3, 35, 0)  # RETURNING, which the SQLite store's claims use
