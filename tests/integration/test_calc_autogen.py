@@ -198,12 +198,12 @@ def test_fulgor_train_dev_runs_it_from_the_command_line(tmp_path: Path, python: 
     tasks = make_splits(seed=0, sizes=(8, 4, 4))["train"][:2]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
 
-    def train(runner_python: str, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    def train(runner_python: str, run_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "fulgor.cli.main", "train",
              "--agent", "examples.calc_autogen.agent:autogen_calc", "--runner-python", runner_python,
-             "--dev", "--train", str(tmp_path / "tasks.jsonl"), "--model", str(model), "--device", "cpu",
-             "--run-dir", str(run_dir), "--n-runners", "1", "--max-tokens", "16"],
+             *(options or ["--dev"]), "--train", str(tmp_path / "tasks.jsonl"), "--model", str(model),
+             "--device", "cpu", "--run-dir", str(run_dir), "--n-runners", "1", "--max-tokens", "16"],
             capture_output=True, text=True, timeout=300, cwd=ROOT,
         )  # fmt: skip
 
@@ -220,6 +220,13 @@ def test_fulgor_train_dev_runs_it_from_the_command_line(tmp_path: Path, python: 
     assert status == "failed"
     assert error is not None
     assert "--runner-python .frameworks/autogen/bin/python" in error
+    # And a GRPO step of two rollouts, from the same command without --dev.
+    result = train(python, tmp_path / "grpo", "--steps", "1", "--group-size", "2", "--batch-tasks", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = read_metrics(tmp_path / "grpo")
+    assert [m["step"] for m in history] == [0, 1]
+    assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (2, 0)
+    assert (tmp_path / "grpo" / "checkpoints" / "step-1" / "config.json").is_file()
     assert not agent_processes()
 
 

@@ -29,6 +29,7 @@ from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
 from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
+from fulgor.training.run_report import read_metrics
 from fulgor.types import ModelCall
 
 CREWAI_PYTHON = ROOT / ".frameworks" / "crewai" / "bin" / "python"
@@ -152,22 +153,33 @@ def test_a_crew_that_cannot_reach_its_model_fails_its_rollout_with_the_crews_err
     assert not crew_processes()
 
 
-def test_fulgor_train_dev_runs_the_crew_from_the_command_line(tmp_path: Path) -> None:
+def test_fulgor_train_runs_and_trains_the_crew_from_the_command_line(tmp_path: Path) -> None:
     model = init_model(tmp_path / "tiny", "tiny", seed=0)
     tasks = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    result = subprocess.run(
-        [sys.executable, "-m", "fulgor.cli.main", "train",
-         "--agent", "examples.crew.runner:CalcCrew", "--dev",
-         "--train", str(tmp_path / "tasks.jsonl"), "--model", str(model), "--device", "cpu",
-         "--run-dir", str(tmp_path / "run"), "--n-runners", "1", "--max-tokens", "16"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+
+    def train(run_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fulgor.cli.main", "train",
+             "--agent", "examples.crew.runner:CalcCrew", *options,
+             "--train", str(tmp_path / "tasks.jsonl"), "--model", str(model), "--device", "cpu",
+             "--run-dir", str(run_dir), "--n-runners", "1", "--max-tokens", "16"],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+
+    result = train(tmp_path / "run", "--dev")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 rollouts, 1 succeeded" in result.stdout
     found = asyncio.run(recorded(tmp_path / "run"))
     assert [status for status, _ in found] == ["succeeded"]
     assert all({c.agent_name for c in calls} == {"solver", "reporter"} for _, calls in found)
+    # And a GRPO step of two rollouts, from the same command without --dev.
+    result = train(tmp_path / "grpo", "--steps", "1", "--group-size", "2", "--batch-tasks", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = read_metrics(tmp_path / "grpo")
+    assert [m["step"] for m in history] == [0, 1]
+    assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (2, 0)
+    assert (tmp_path / "grpo" / "checkpoints" / "step-1" / "config.json").is_file()
     assert not crew_processes()
 
 
