@@ -193,7 +193,7 @@ def test_a_crashing_tool_server_fails_its_rollout_clearly_and_the_retry_starts_a
     assert not agent_processes()
 
 
-def test_fulgor_train_dev_runs_it_from_the_command_line(tmp_path: Path, python: str) -> None:
+def test_fulgor_train_runs_and_trains_it_from_the_command_line(tmp_path: Path, python: str) -> None:
     model = init_model(tmp_path / "tiny", "tiny", seed=0)
     tasks = make_splits(seed=0, sizes=(8, 4, 4))["train"][:2]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(task) + "\n" for task in tasks))
@@ -224,8 +224,8 @@ def test_fulgor_train_dev_runs_it_from_the_command_line(tmp_path: Path, python: 
     result = train(python, tmp_path / "grpo", "--steps", "1", "--group-size", "2", "--batch-tasks", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     history = read_metrics(tmp_path / "grpo")
-    assert [m["step"] for m in history] == [0, 1]
-    assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (2, 0)
+    assert [m["step"] for m in history] == [1]  # no validation split: no step 0
+    assert (history[0]["rollouts"], history[0]["rollouts_failed"]) == (2, 0)
     assert (tmp_path / "grpo" / "checkpoints" / "step-1" / "config.json").is_file()
     assert not agent_processes()
 

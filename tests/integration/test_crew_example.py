@@ -177,8 +177,8 @@ def test_fulgor_train_runs_and_trains_the_crew_from_the_command_line(tmp_path: P
     result = train(tmp_path / "grpo", "--steps", "1", "--group-size", "2", "--batch-tasks", "1")
     assert result.returncode == 0, result.stderr[-3000:]
     history = read_metrics(tmp_path / "grpo")
-    assert [m["step"] for m in history] == [0, 1]
-    assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (2, 0)
+    assert [m["step"] for m in history] == [1]  # no validation split: no step 0
+    assert (history[0]["rollouts"], history[0]["rollouts_failed"]) == (2, 0)
     assert (tmp_path / "grpo" / "checkpoints" / "step-1" / "config.json").is_file()
     assert not crew_processes()
 
