@@ -32,7 +32,15 @@ from typing import Any
 from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate
 from examples.calc.dataset import Task, make_splits
 
-__all__ = ["WarmStartConfig", "corpus", "solution", "tool_exchange", "train_and_save", "warm_start"]
+__all__ = [
+    "WarmStartConfig",
+    "corpus",
+    "solution",
+    "task_texts",
+    "tool_exchange",
+    "train_and_save",
+    "warm_start",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +98,15 @@ def corpus(tasks: Sequence[Task], tool: Mapping[str, Any] = CALCULATOR_TOOL) -> 
     """
     texts = [SYSTEM_PROMPT, json.dumps(tool["function"])] * 50
     for task in tasks:
-        expression = f"{task['a']}{task['op']}{task['b']}"
-        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-        texts += [task["question"], call, f"Answer: {task['answer']}"]
+        texts += task_texts(task)
     return texts
+
+
+def task_texts(task: Task) -> list[str]:
+    """A task's texts for the tokenizer: its question, the calculator call and the answer."""
+    expression = f"{task['a']}{task['op']}{task['b']}"
+    call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return [task["question"], call, f"Answer: {task['answer']}"]
 
 
 def warm_start(

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from examples.calc.dataset import Task, make_splits
-from examples.calc.warm_start import tool_exchange, train_and_save
+from examples.calc.warm_start import WarmStartConfig as CalcWarmStartConfig
+from examples.calc.warm_start import task_texts, tool_exchange, train_and_save
 from examples.crew.prompts import (
     CALCULATOR_TOOL,
     REPORTER,
@@ -44,15 +45,13 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class WarmStartConfig:
-    """How long and how hard the warm start trains, and how often its solvers use the tool."""
+class WarmStartConfig(CalcWarmStartConfig):
+    """The calc warm start's settings, with the crew's lengths: its solver learns to copy the
+    calculator's result only after about 1,500 all-tool steps."""
 
-    tool_fraction: float = 0.25
     tool_steps: int = 2000
     steps: int = 2300
     batch_size: int = 8
-    learning_rate: float = 2e-3
-    seed: int = 0
 
 
 def solver_conversation(task: Task, use_tool: bool) -> list[dict[str, Any]]:
@@ -85,9 +84,7 @@ def corpus(tasks: Sequence[Task]) -> list[str]:
     frames += [m["content"] for m in reporter_conversation("", "")]
     texts = [*frames, json.dumps(CALCULATOR_TOOL["function"])] * 50
     for task in tasks:
-        expression = f"{task['a']}{task['op']}{task['b']}"
-        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-        texts += [task["question"], call, f"Answer: {task['answer']}"]
+        texts += task_texts(task)
     return texts
 
 
