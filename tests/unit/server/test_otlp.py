@@ -10,33 +10,18 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.unit.store.storetools import request
+from tests.unit.server.served import TOKEN, claimed, served_store
 
 from fulgor.errors import StoreUnavailableError
 from fulgor.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store import SyncStore
-from fulgor.store.client import StoreClient
 from fulgor.store.memory import MemoryStore
-from fulgor.store.sqlite import SqliteStore
-from fulgor.types import AttemptedRollout
-
-TOKEN = "otlp-token"
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, SyncStore]]:
-    config = ServerConfig(store=SqliteStore(tmp_path / "s.sqlite"), token=TOKEN)
-    with (
-        BackgroundServer(create_app(config)) as server,
-        SyncStore(StoreClient(server.url, token=TOKEN)) as store,
-    ):
-        yield server.url, store
-
-
-def claimed(store: SyncStore) -> AttemptedRollout:
-    store.enqueue([request()])
-    (attempted,) = store.claim("w1")
-    return attempted
+    with served_store(tmp_path) as served:
+        yield served
 
 
 def test_the_opentelemetry_sdk_exports_straight_to_the_store(served: tuple[str, SyncStore]) -> None:

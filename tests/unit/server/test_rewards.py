@@ -8,33 +8,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.unit.store.storetools import request
+from tests.unit.server.served import TOKEN, claimed, served_store
 
 from fulgor import semconv
 from fulgor.credentials import attempt_credential
 from fulgor.server import BackgroundServer, ServerConfig, create_app
 from fulgor.store import SyncStore
-from fulgor.store.client import StoreClient
 from fulgor.store.sqlite import SqliteStore
 from fulgor.types import AttemptedRollout
-
-TOKEN = "operator-key"
 
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, SyncStore]]:
-    config = ServerConfig(store=SqliteStore(tmp_path / "s.sqlite"), token=TOKEN)
-    with (
-        BackgroundServer(create_app(config)) as server,
-        SyncStore(StoreClient(server.url, token=TOKEN)) as store,
-    ):
-        yield server.url, store
-
-
-def claimed(store: SyncStore) -> AttemptedRollout:
-    store.enqueue([request()])
-    (attempted,) = store.claim("w1")
-    return attempted
+    with served_store(tmp_path) as served:
+        yield served
 
 
 def reward_url(url: str, attempt: AttemptedRollout, key: str = TOKEN) -> str:
