@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +44,41 @@ def add_update_arguments(grpo: Any, system: Any) -> None:
 
 def run_ranks(args: argparse.Namespace, run_dir: Path) -> int:
     """The same command on ``--nproc`` ranks under torchrun (on this machine), all with ``run_dir``;
-    its exit status (torchrun's: 1 when a rank failed)."""
+    its exit status (torchrun's: 1 when a rank failed; 130 once interrupted).
+
+    torchrun runs in a session of its own (:mod:`fulgor.cli._torchrun`), so that a terminal's Ctrl+C
+    reaches this process only, which passes it on once and waits for the ranks to stop; torchrun
+    stops them too when this process ends without that (SIGTERM, SIGKILL), as it watches a pipe
+    only this process holds."""
+    import signal
     import subprocess
+
+    from fulgor.cli import _torchrun
 
     argv = _without_nproc(args.argv)  # the ranks take their number from torchrun's WORLD_SIZE
     if args.run_dir is None:
         argv += ["--run-dir", str(run_dir)]
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-        "-m", "fulgor.cli.main", *argv,
+    torchrun_args = [
+        "--standalone", f"--nproc-per-node={args.nproc}", "-m", "fulgor.cli.main", *argv,
     ]  # fmt: skip
+    read_fd, write_fd = os.pipe()  # the write end stays here, not inherited
     try:
-        return subprocess.run(command, check=False).returncode
-    except KeyboardInterrupt:  # torchrun stops the ranks; rank 0 says how to continue
-        return 130
+        process = subprocess.Popen(
+            _torchrun.command_line(read_fd, torchrun_args), pass_fds=(read_fd,), start_new_session=True
+        )
+    finally:
+        os.close(read_fd)
+    interrupted = False
+    while True:
+        try:
+            code = process.wait()
+            break
+        except KeyboardInterrupt:  # torchrun stops the ranks; rank 0 says how to continue
+            if not interrupted:
+                interrupted = True
+                process.send_signal(signal.SIGINT)
+    os.close(write_fd)
+    return 130 if interrupted else code
 
 
 def _without_nproc(argv: list[str]) -> list[str]:

@@ -7,6 +7,9 @@ own handler) and, given ``--parent-fd FD`` (the read end of a pipe whose write e
 holds), turns the pipe's end-of-file into the same request: the kernel closes the write end
 however the parent ends, SIGKILL included.
 
+A command that stops in order on KeyboardInterrupt (``fulgor train``, where each Ctrl+C cancels
+once more) takes :func:`interrupts` instead: SIGINT and SIGTERM each raise KeyboardInterrupt.
+
 Before :meth:`StopRequests.serving` a request interrupts what the main thread is doing (loading a
 model) as KeyboardInterrupt; after it, a request only sets :attr:`StopRequests.requested`, and the
 command stops its parts in order instead of having an exception land inside one of them (a
@@ -21,10 +24,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 
-__all__ = ["StopRequests"]
+__all__ = ["StopRequests", "interrupts"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,3 +86,25 @@ class StopRequests:
             logger.warning("the parent process is gone; stopping")
             # Through the signal handler, on the main thread: it interrupts a model still loading.
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt on the main thread, each time one comes, whatever
+    disposition the process inherited; the previous handlers come back after. Off the main thread
+    (where no handler can be installed) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    logger.info("%s: stopping", signal.Signals(signum).name)
+    raise KeyboardInterrupt

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from fulgor.cli._nproc import add_update_arguments, check_update_options, rank, run_ranks
 from fulgor.cli._options import non_negative_float, positive_float, positive_int
+from fulgor.cli._stopping import interrupts
 from fulgor.errors import ConfigError, FulgorError
 
 if TYPE_CHECKING:
@@ -338,8 +339,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
     _quiet_request_logs(args.verbose)
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return run_ranks(args, job.run_dir)
+    with interrupts():  # SIGTERM stops in order as Ctrl+C does
+        if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+            return run_ranks(args, job.run_dir)
+        return _train(args, job, trainer, agent)
+
+
+def _train(args: argparse.Namespace, job: _Job, trainer: Trainer, agent: Any) -> int:
     try:
         if rank() > 0:  # a rank of the update only: rank 0 reports
             trainer.fit(agent, job.train, job.val)
@@ -353,7 +359,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {getattr(error, 'message', error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        if args.dev or args.evaluate:
+        if rank() > 0:  # rank 0 says how to continue
+            pass
+        elif args.dev or args.evaluate:
             print("\ninterrupted", file=sys.stderr)
         else:
             print(

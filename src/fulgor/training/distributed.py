@@ -27,6 +27,7 @@ import contextlib
 import datetime
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,9 +167,14 @@ class Ranks:
 
     def stop(self) -> None:
         """Rank 0: tell the other ranks the run is over. Ranks out of step are left to torchrun,
-        which stops them all once rank 0 exits with the error."""
-        if self.world.leader and not self.out_of_step:
+        which stops them all once rank 0 exits with the error; so are ranks already gone (killed):
+        the run ends as ``fit`` did, and the failed send is logged."""
+        if not self.world.leader or self.out_of_step:
+            return
+        try:
             self.send(("stop",))
+        except RuntimeError as error:  # gloo's or NCCL's "connection closed by peer"
+            logger.warning("the other ranks did not hear the stop (%s); torchrun stops them", error)
 
     @contextlib.contextmanager
     def command(self, command: tuple[Any, ...]) -> Iterator[None]:
@@ -348,6 +354,12 @@ def fit_on_ranks(
     with process_group(world, engine.device) as device:
         ranks = Ranks(world, device)
         if not world.leader:
+            # Rank 0 leads the stop: torchrun passes a Ctrl+C or SIGTERM to every rank, and one
+            # that left at once would fail rank 0's command under way and its own orderly stop.
+            # Should rank 0 die instead, the next command's broadcast fails here and this rank
+            # ends; torchrun kills a rank that outstays its shutdown timeout.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
             set_torch_threads(torch_threads)
             follow(algorithm, Path(engine.model), ranks)
             return []

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from tests.process_support import descendants
+from tests.process_support import alive, descendants, take_sigint
 
 from fulgor.cli.main import main
 from fulgor.training.checkpoints import load_training_state
@@ -178,3 +180,57 @@ def test_two_ranks_train_checkpoint_sharded_and_continue(tmp_path: Path, tiny_mo
     assert state["step"] == 3
     assert "resuming from" in again.stderr
     assert descendants(os.getpid()) <= before  # no rank, runner or torchrun left behind
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda sig: sig.name)
+def test_a_signal_to_the_launcher_stops_every_rank(
+    tmp_path: Path, tiny_model: Path, sig: signal.Signals
+) -> None:
+    """SIGINT (a Ctrl+C) and SIGTERM stop the run in order, and SIGKILL of the launcher leaves no
+    torchrun or rank training on."""
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl")
+    run = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "fulgor.cli.main", "train", "--agent", "calls:solve",
+        "--model", str(tiny_model), "--device", "cpu", "--train", "tasks.jsonl", "--max-tokens", "8",
+        "--n-runners", "1", "--max-concurrency", "4", "--group-size", "2", "--batch-tasks", "2",
+        "--steps", "10000", "--nproc", "2", "--run-dir", str(run),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as sink:
+        launcher = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=sink, preexec_fn=take_sigint
+        )
+    try:
+        deadline = time.monotonic() + 300
+        metrics = run / "metrics.jsonl"
+        while not (metrics.is_file() and read_metrics(run)[1:]):  # step 1 done: every rank is in the loop
+            assert launcher.poll() is None, stderr.read_text()[-4000:]
+            assert time.monotonic() < deadline, stderr.read_text()[-4000:]
+            time.sleep(0.5)
+        started = descendants(launcher.pid)
+        assert len(started) >= 4  # torchrun and its wrapper, two ranks (and their runner)
+        launcher.send_signal(sig)
+        code = launcher.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [pid for pid in started if alive(pid)], stderr.read_text()[-4000:]
+    finally:
+        for pid in descendants(launcher.pid) | {launcher.pid}:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    said = stderr.read_text()
+    if sig == signal.SIGKILL:
+        assert code == -signal.SIGKILL
+        assert "the fulgor train --nproc command is gone; stopping its ranks" in said
+    else:
+        assert code == 130, said[-4000:]
+        assert said.count(f"to continue, run the same command with --run-dir {run}") == 1, said[-4000:]
+        assert "Traceback" not in said, said[-4000:]
+    assert "to continue" in said  # rank 0 stopped in order, whichever signal
