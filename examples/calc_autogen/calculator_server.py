@@ -4,7 +4,9 @@ exact name, description and input schema, answered by the same safe evaluator.
     python -m examples.calc_autogen.calculator_server     # speaks MCP on stdin/stdout
 
 It runs wherever the agent runs (the AutoGen example's own virtual environment): it needs the
-``mcp`` package and the standard library, nothing of fulgor.
+``mcp`` package and the standard library, nothing of fulgor. That environment holds mcp 1.x, which
+autogen-ext 0.7.5 needs, so this server registers its handlers with mcp 1's decorators (the RAG
+example's search server, on mcp 2, passes them to ``Server`` instead).
 """
 
 from __future__ import annotations

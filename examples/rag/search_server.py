@@ -4,7 +4,8 @@ from the BM25 index of :mod:`examples.rag.index`.
     python -m examples.rag.search_server runs/rag/index.sqlite     # speaks MCP on stdin/stdout
 
 The agent starts it (``MCPServerStdio``) and it ends when the agent closes its stdin or exits: a
-runner process that dies takes its server with it. It needs the ``mcp`` package and the standard
+runner process that dies takes its server with it. It needs the ``mcp`` package (2.x: its low-level
+``Server`` takes the handlers as arguments; ``fulgor[frameworks]`` installs it) and the standard
 library, nothing of fulgor.
 """
 

@@ -64,6 +64,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "langgraph>=1.0",
         "opentelemetry-instrumentation-langchain>=0.47",
         "openai-agents>=0.24",
+        "mcp>=2,<3",
         "opentelemetry-sdk>=1.27",
         "opentelemetry-exporter-otlp-proto-http>=1.27",
     ),
