@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.engine_support import assert_ids_recorded, assert_logprobs_of, stored_calls
 from tests.process_support import descendants
 
 pytest.importorskip("torch")
@@ -115,14 +116,14 @@ def test_the_autogen_agent_runs_on_its_own_python_with_its_calls_recorded(
     )
     report = trainer.dev(autogen_calc, tasks)
     assert [r.status for r in report.rollouts] == ["succeeded"] * 3
+    from transformers import AutoModelForCausalLM
+
+    weights = AutoModelForCausalLM.from_pretrained(model)
     for status, calls, _ in asyncio.run(recorded(tmp_path / "run")):
         assert status == "succeeded"
         assert calls
         for call in calls:
-            assert not call.token_ids_missing
-            assert call.prompt_token_ids
-            assert call.response_token_ids
-            assert call.response_logprobs
+            assert_logprobs_of(weights, call)  # exactly the ids the engine sampled, with its logprobs
             assert call.agent_name == AGENT_NAME  # its X-Fulgor-Agent header
             # The tool the model was offered is the MCP server's, as AutoGen writes it.
             assert call.request["tools"] == [AUTOGEN_TOOL]
@@ -212,7 +213,10 @@ def test_fulgor_train_runs_and_trains_it_from_the_command_line(tmp_path: Path, p
     assert "2 rollouts, 2 succeeded" in result.stdout
     found = asyncio.run(recorded(tmp_path / "run"))
     assert [status for status, _, _ in found] == ["succeeded", "succeeded"]
-    assert all(calls and calls[0].agent_name == AGENT_NAME for _, calls, _ in found)
+    assert all(calls for _, calls, _ in found)
+    for call in (call for _, calls, _ in found for call in calls):
+        assert call.agent_name == AGENT_NAME
+        assert_ids_recorded(call)
     # This environment's Python cannot import AutoGen: the rollouts fail, saying which Python to use.
     result = train(sys.executable, tmp_path / "plain")
     assert result.returncode == 1
@@ -227,6 +231,11 @@ def test_fulgor_train_runs_and_trains_it_from_the_command_line(tmp_path: Path, p
     assert [m["step"] for m in history] == [1]  # no validation split: no step 0
     assert (history[0]["rollouts"], history[0]["rollouts_failed"]) == (2, 0)
     assert (tmp_path / "grpo" / "checkpoints" / "step-1" / "config.json").is_file()
+    trained = asyncio.run(stored_calls(tmp_path / "grpo" / "store.sqlite"))
+    assert trained
+    for call in trained:
+        assert call.agent_name == AGENT_NAME
+        assert_ids_recorded(call)
     assert not agent_processes()
 
 

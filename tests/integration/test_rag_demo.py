@@ -7,12 +7,14 @@ slow one runs the demo as ``make demo-rag`` does and checks that the model learn
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.engine_support import assert_ids_recorded, stored_calls
 
 pytest.importorskip("torch")
 pytest.importorskip("agents")
@@ -89,7 +91,12 @@ def test_fulgor_train_trains_it_from_the_command_line(tmp_path: Path) -> None:
     assert (history[1]["rollouts"], history[1]["rollouts_failed"]) == (4, 0)
     assert {"val_f1", "val_format", "val_tool_calls"} <= set(history[0])
     assert (tmp_path / "run" / "checkpoints" / "step-1" / "config.json").is_file()
-    assert AGENT_NAME in (tmp_path / "run" / "store.sqlite").read_bytes().decode("utf-8", "replace")
+    assert history[1]["drift/calls_trained"] == history[1]["drift/calls_total"] > 0
+    calls = asyncio.run(stored_calls(tmp_path / "run" / "store.sqlite"))
+    assert calls
+    for call in calls:  # named by fulgor from the SDK's own agent span, with the engine's ids
+        assert call.agent_name == AGENT_NAME
+        assert_ids_recorded(call)
 
 
 @pytest.mark.slow(minutes=12)
