@@ -36,6 +36,7 @@ def test_ray_pool_says_when_ray_is_not_initialised(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
     ray.init(
+        "local",  # a new instance, whatever cluster this machine runs
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

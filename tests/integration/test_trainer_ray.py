@@ -1,13 +1,19 @@
-"""The Trainer with its runners as Ray actors (``Trainer(runners=RayRunners())``) on a Ray instance
-the session starts: GRPO trains through them, a runner that dies mid-rollout leaves the rollout to
-another, and nothing of Ray outlives the session."""
+"""The Trainer with its runners as Ray actors (``Trainer(runners=RayRunners())``): on a Ray instance
+the session starts, GRPO trains through them, a runner that dies mid-rollout leaves the rollout to
+another, and nothing of Ray outlives the session; on a Ray cluster the test starts as a user starts
+one (``ray start --head``), the session joins it by address, serves the actors where
+``listen_host`` says, and leaves the cluster running."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +29,10 @@ from examples.calc.dataset import make_splits
 from fulgor import GRPO, RayRunners, RolloutConfig, Trainer
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
+from fulgor.errors import ConfigError
 from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.openai_server import ScriptedOpenAIServer
+from fulgor.training.runners import runners_url
 
 RAY_PROCESSES = ("ray::", "raylet", "gcs_server")
 
@@ -103,7 +111,7 @@ def test_a_ray_the_process_started_is_used_and_left_running(tmp_path: Path) -> N
     # Ray started by the test process itself, with the path its actors import the agent from.
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
     runtime_env = {"env_vars": {"PYTHONPATH": path}}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+    ray.init("local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     try:
         with ScriptedOpenAIServer() as upstream:
             trainer = Trainer(
@@ -120,3 +128,92 @@ def test_a_ray_the_process_started_is_used_and_left_running(tmp_path: Path) -> N
         assert ray.is_initialized()  # not the session's to shut down
     finally:
         ray.shutdown()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[str]:
+    """A one-node Ray cluster started as a user starts one (``ray start --head --block``), stopped
+    after the test (SIGTERM: the command stops every process it started); its address."""
+    port = free_port("127.0.0.1")
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+        "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+    ]  # fmt: skip
+    path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
+    env = {**os.environ, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}
+    head = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
+    try:
+        assert head.stdout is not None
+        said = []
+        deadline = time.monotonic() + 180
+        while not any("Ray runtime started" in line for line in said):
+            assert head.poll() is None, "".join(said)[-3000:]
+            assert time.monotonic() < deadline, "".join(said)[-3000:]
+            said.append(head.stdout.readline())
+        yield f"127.0.0.1:{port}"
+        assert head.poll() is None  # the session left the cluster running
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+    deadline = time.monotonic() + 60
+    while ray_processes():
+        assert time.monotonic() < deadline, ray_processes()
+        time.sleep(0.5)
+    # `ray start` leaves the address of the cluster it started for ray.init() to find; gone with
+    # the cluster, it would only send a later ray.init() to a cluster that ended.
+    address_file = Path("/tmp/ray/ray_current_cluster")
+    if address_file.is_file() and address_file.read_text().strip().endswith(f":{port}"):
+        address_file.unlink()
+
+
+def test_the_trainer_joins_a_ray_cluster_by_address_and_serves_its_actors_where_it_says(
+    tmp_path: Path, ray_cluster: str
+) -> None:
+    # 127.0.0.2 is this machine too, but not where a session listens by default: rollouts that
+    # succeed show the actors reached the session at the address given.
+    port = free_port("127.0.0.2")
+    # "auto": the cluster this machine runs, as a node of it joins (and with Ray's token
+    # authentication, on by default, the token `ray start` saved; an address given as HOST:PORT
+    # needs RAY_AUTH_MODE=token in the trainer's environment too, as any Ray driver does).
+    assert ray_cluster.startswith("127.0.0.1:")
+    runners = RayRunners(
+        address="auto", listen_host="127.0.0.2", listen_port=port, server_url=f"http://127.0.0.2:{port}"
+    )
+    with ScriptedOpenAIServer() as upstream:
+        trainer = Trainer(
+            algorithm=GRPO(),
+            upstream=upstream.url,
+            model="scripted",
+            run_dir=tmp_path / "run",
+            n_runners=2,
+            runners=runners,
+            progress=False,
+        )
+        report = trainer.dev(sleeper, [{"seconds": 0.01}] * 4)
+    assert [r.status for r in report.rollouts] == ["succeeded"] * 4
+    attempts = asyncio.run(attempts_of(tmp_path / "run" / "store.sqlite"))
+    assert all(worker.startswith("ray-") for per_rollout in attempts for _, worker in per_rollout)
+    assert not ray.is_initialized()  # the session left the cluster; the fixture checks it still runs
+
+
+def test_ray_runners_reach_the_session_at_their_server_url() -> None:
+    assert (
+        runners_url(RayRunners(server_url="http://trainer:8474"), "http://127.0.0.1:1")
+        == "http://trainer:8474"
+    )
+    assert runners_url(RayRunners(), "http://127.0.0.1:1") == "http://127.0.0.1:1"
+    assert runners_url(None, "http://127.0.0.1:1") == "http://127.0.0.1:1"
+    with pytest.raises(ConfigError, match="needs server_url: the URL the Ray actors reach"):
+        RayRunners(listen_host="0.0.0.0")

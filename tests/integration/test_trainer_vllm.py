@@ -66,7 +66,7 @@ def test_grpo_publishes_each_update_to_vllm(tmp_path: Path, one_torch_thread: No
     model = init_model(tmp_path / "small", "small", seed=0)
     trainer = Trainer(
         algorithm=GRPO(group_size=4, batch_tasks=2, max_steps=STEPS, max_tokens=8, temperature=1.0, seed=0),
-        engine=cpu_vllm(model, tmp_path, device="cpu"),
+        engine=cpu_vllm(model, tmp_path, device="cpu", log_path=None),  # the run's logs/vllm.log
         run_dir=tmp_path / "run",
         n_runners=1,
         keep_checkpoints=0,
@@ -79,6 +79,7 @@ def test_grpo_publishes_each_update_to_vllm(tmp_path: Path, one_torch_thread: No
     assert [m["model_version"] for m in history] == list(range(1, STEPS + 1))
     assert all(m["rollouts_failed"] == 0 and "update_skipped" not in m for m in history)
     assert not vllm_processes(model) - before  # the trainer stopped vLLM and all it started
+    assert "/collective_rpc" in (tmp_path / "run" / "logs" / "vllm.log").read_text()  # its reloads
     # Version v served step v+1: the base first, then checkpoints/step-v.
     weights = [model] + [tmp_path / "run" / "checkpoints" / f"step-{v}" for v in range(1, STEPS)]
     calls = asyncio.run(calls_by_step(tmp_path / "run" / "store.sqlite"))

@@ -29,7 +29,7 @@ from tests.vllm_support import cpu_vllm, lora_adapter, perturbed_copy
 
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.models import init_model
-from fulgor.engine.vllm import VLLMServer
+from fulgor.engine.vllm import VLLMConfig, VLLMServer
 from fulgor.types import ModelCall
 
 pytestmark = pytest.mark.vllm
@@ -156,6 +156,21 @@ def test_full_weights_reload_in_place(server: VLLMServer, model: Path, tmp_path:
     assert (server.pid, server.restarts) == (pid, 0)  # no restart
     with pytest.raises(VLLMError, match="no checkpoint"):
         server.reload_weights(tmp_path / "missing")
+
+
+def test_a_running_vllm_attached_by_url_serves_the_runs_weights(
+    server: VLLMServer, model: Path, tmp_path: Path
+) -> None:
+    """Attached by ``url`` with the base as a resumed run's weights, version 7: the base serves, not
+    the perturbed weights the test before left. Leaves those perturbed weights served again."""
+    config = VLLMConfig(model=model, url=server.url, served_model_name="small", model_version=7)
+    with VLLMServer(config) as attached:
+        assert attached.model_version == 7
+        assert_logprobs_of(_hf(model), _as_call(_chat(server)))
+        changed = perturbed_copy(model, tmp_path / "step-1", seed=1)  # the test before's weights
+        assert attached.reload_weights(changed) == 8
+        assert_logprobs_of(_hf(changed), _as_call(_chat(server)))
+    assert server.healthy()  # left running: not the attached supervisor's to stop
 
 
 def test_lora_adapters_load_and_serve_by_name(server: VLLMServer, model: Path, tmp_path: Path) -> None:

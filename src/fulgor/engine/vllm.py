@@ -10,7 +10,10 @@ makes ``model_version`` N+1. Both admin routes exist only when vLLM runs with
 ``VLLM_SERVER_DEV_MODE=1`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which the supervisor
 sets; they let any client that reaches the port change the weights, so vLLM listens on loopback
 unless ``host`` says otherwise. Given ``url``, the server is one that runs already (started with
-those two variables): nothing is launched or stopped, and reloads go to its admin routes.
+those two variables): nothing is launched or stopped, it must list the model name clients send
+(``GET /v1/models``), and it is made to serve ``model`` through its admin routes before anything
+else (a checkpoint directory reloaded in place, an adapter loaded), so a resumed run's calls are
+served by its newest weights whatever the server held before; reloads go to the same routes.
 
 Clients ask for token ids per request with ``"return_token_ids": true`` (vLLM >= 0.10.2). Streamed
 chat with a tool or reasoning parser (the Hermes tool parser is on here) lost the ids and logprobs
@@ -188,13 +191,10 @@ class VLLMServer:
     def start(self) -> str:
         """Launch vLLM and wait until it is healthy; returns its base URL. A LoRA adapter as
         ``model`` launches its base and loads the adapter as version ``model_version`` (a resumed
-        run's newest checkpoint). Given ``url``, only checks that the running server answers."""
+        run's newest checkpoint). Given ``url``, attaches to the running server instead
+        (:meth:`_attach`)."""
         if self.config.url:
-            if not self.healthy():
-                raise VLLMError(
-                    f"no vLLM answers at {self.url}/health; start it (with VLLM_SERVER_DEV_MODE=1 for "
-                    "weight reloads) or fix VLLMConfig(url=...)"
-                )
+            self._attach()
             return self.url
         adapter = Path(self._model)
         if (adapter / "adapter_config.json").is_file():
@@ -214,6 +214,41 @@ class VLLMServer:
         self._monitor = threading.Thread(target=self._supervise, name="fulgor-vllm-supervisor", daemon=True)
         self._monitor.start()
         return self.url
+
+    def _attach(self) -> None:
+        """The server at ``url`` answers, serves the model name clients send, and then serves
+        ``model`` as version ``model_version``: a checkpoint directory is reloaded in place, an
+        adapter loaded under its version's name; a name that is no directory (a model vLLM was
+        started with by name) is taken as what the server serves."""
+        if not self.healthy():
+            raise VLLMError(
+                f"no vLLM answers at {self.url}/health; start it (with VLLM_SERVER_DEV_MODE=1 for "
+                "weight reloads) or fix VLLMConfig(url=...)"
+            )
+        served = self.served_models()
+        if self.config.model_name not in served:
+            raise VLLMError(
+                f"the vLLM at {self.url} serves {', '.join(served) or 'no model'}, not "
+                f"{self.config.model_name!r}, the name the agent's calls will ask for: set "
+                "VLLMConfig(served_model_name=...) to the --served-model-name it was started with"
+            )
+        source = Path(self._model)
+        with self._lock:
+            if (source / "adapter_config.json").is_file():
+                self._load_adapter(source, self.model_version)
+            elif (source / "config.json").is_file():
+                self._reload_in_place(source)
+        logger.info("vLLM at %s serves %s as version %d", self.url, self._model, self.model_version)
+
+    def served_models(self) -> list[str]:
+        """The model names the server lists (``GET /v1/models``): its own and its loaded adapters'."""
+        request = urllib.request.Request(f"{self.url}/v1/models", headers=self._auth_header())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                listed = json.load(response)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise VLLMError(f"cannot list the models at {self.url}/v1/models: {exc}") from exc
+        return [str(model.get("id")) for model in listed.get("data", []) if isinstance(model, dict)]
 
     def _launch(self) -> None:
         command = build_command(self.config, self._model, self.port)

@@ -50,6 +50,7 @@ __all__ = [
     "check_runner_python",
     "check_runners",
     "runner_path",
+    "runners_url",
     "start_runners",
 ]
 
@@ -87,19 +88,29 @@ class RayRunners:
 
     ``address`` None starts a Ray instance on this machine for the session and shuts it down when
     the session ends (``num_cpus`` caps it; the actors take no CPU of Ray's accounting, so a
-    rollout's agent is not queued behind another's). An address (``"auto"``, ``"ray://HOST:10001"``)
-    joins a running cluster and leaves it running. A Ray instance the process had already started
-    (``ray.init`` before the trainer) is used as it is. The actors reach the trainer's store and
-    gateway at the URL the session serves them on, on this machine's loopback: the cluster's nodes
-    must be this machine. ``runtime_env`` goes to ``ray.init``; its ``env_vars`` gain a
-    ``PYTHONPATH`` of the trainer's ``sys.path``, so that the actors import the agent as the trainer
-    did. An agent that another process cannot import by name (an instance with state) is sent to the
-    actors pickled.
+    rollout's agent is not queued behind another's). An address (``"auto"``, ``"HOST:6379"``,
+    ``"ray://HOST:10001"``) joins a running cluster for the session and leaves it running. A Ray
+    instance the process had already started (``ray.init`` before the trainer) is used as it is.
+    ``runtime_env`` goes to ``ray.init``; its ``env_vars`` gain a ``PYTHONPATH`` of the trainer's
+    ``sys.path``, so that the actors import the agent as the trainer did. An agent that another
+    process cannot import by name (an instance with state) is sent to the actors pickled.
+
+    The actors reach the trainer's store server and gateway at ``server_url``; the session serves
+    them on ``listen_host:listen_port``. The default, this machine's loopback on a free port, serves
+    actors on this machine only; for a cluster of several machines, listen on an address the nodes
+    reach and give ``server_url`` (the session's operator key guards it, as for Kubernetes Jobs).
+    ``server_url`` None means the address it listens on, which then cannot be a wildcard.
     """
 
     address: str | None = None
     num_cpus: int | None = None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    server_url: str | None = None
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 0
+
+    def __post_init__(self) -> None:
+        _check_reach(self.listen_host, self.server_url, "the Ray actors")
 
     def start(
         self, agent: Runnable | str, store_url: str, n_runners: int, config: RunnerConfig
@@ -155,17 +166,13 @@ class KubernetesRunners:
             raise ConfigError(f"max_jobs must be >= 1 (or None), got {self.max_jobs}")
         if self.max_jobs_per_second <= 0 or self.poll_seconds <= 0:
             raise ConfigError("max_jobs_per_second and poll_seconds must be > 0")
-        if self.server_url is None and self.listen_host in ("0.0.0.0", "::", ""):
-            raise ConfigError(
-                f"listening on {self.listen_host!r}, the session needs server_url: the URL the Jobs' pods "
-                "reach this machine at (e.g. http://trainer.NAMESPACE.svc:8474)"
-            )
+        _check_reach(self.listen_host, self.server_url, "the Jobs' pods", "http://trainer.NAMESPACE.svc:8474")
 
     async def start(
         self, agent: Runnable, store: Store, server_url: str, n_runners: int, config: RunnerConfig
     ) -> KubernetesRunnerGroup:
         """Reconcile the run's Jobs and start dispatching ``agent``'s attempts as Jobs; the pods
-        reach the session at ``self.server_url``, else at ``server_url`` (where it listens)."""
+        reach the session at ``server_url`` (:func:`runners_url`)."""
         from fulgor.runner.kubernetes_jobs import JobDispatcher, JobSettings, load_batch_api
 
         if not isinstance(agent, SubprocessAgent):
@@ -184,7 +191,7 @@ class KubernetesRunners:
             template=self.template,
             run=self.run,
             namespace=self.namespace,
-            server_url=self.server_url or server_url,
+            server_url=server_url,
             operator_key=config.operator_key,
             command=tuple(agent.command),
             env=dict(agent.env),
@@ -203,6 +210,24 @@ class KubernetesRunners:
             dispatcher.close()
             raise
         return KubernetesRunnerGroup(dispatcher, agent.name)
+
+
+def _check_reach(
+    listen_host: str, server_url: str | None, who: str, example: str = "http://HOST:PORT"
+) -> None:
+    """ConfigError when the session would listen on a wildcard address with no ``server_url`` to
+    give ``who``: a wildcard is where it listens, not an address anyone reaches it at."""
+    if server_url is None and listen_host in ("0.0.0.0", "::", ""):
+        raise ConfigError(
+            f"listening on {listen_host!r}, the session needs server_url: the URL {who} reach this "
+            f"machine at (e.g. {example})"
+        )
+
+
+def runners_url(backend: RayRunners | KubernetesRunners | None, server_url: str) -> str:
+    """Where the runners reach the session's store server and gateway: the backend's ``server_url``,
+    else ``server_url`` (where the session listens)."""
+    return (backend.server_url if backend is not None else None) or server_url
 
 
 class KubernetesRunnerGroup:
@@ -470,13 +495,17 @@ class RayRunnerGroup:
             runtime_env = dict(backend.runtime_env)
             runtime_env["env_vars"] = {"PYTHONPATH": path, **dict(runtime_env.get("env_vars") or {})}
             ray.init(
-                address=backend.address,
+                # "local": a new instance even where a cluster of this machine runs (ray.init alone
+                # would join that cluster, or fail on one that ended without its address file).
+                address=backend.address or "local",
                 num_cpus=backend.num_cpus if backend.address is None else None,
                 include_dashboard=False,
                 log_to_driver=False,
                 runtime_env=runtime_env,
             )
-            self._owns_ray = backend.address is None
+            # Shut down when the session ends: a local instance stops, a cluster joined by address
+            # is only left (this process's driver disconnects; the cluster runs on).
+            self._owns_ray = True
         where = "a local Ray instance" if backend.address is None else f"the Ray cluster at {backend.address}"
         name = agent if isinstance(agent, str) else repr(agent.name)
         self.description = f"{config.n_runners} Ray runner actor(s) for agent {name} on {where}"

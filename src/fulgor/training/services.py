@@ -30,7 +30,7 @@ from fulgor.credentials import new_operator_key
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
-from fulgor.training.runners import KubernetesRunners, RayRunners, RunnerGroup, start_runners
+from fulgor.training.runners import KubernetesRunners, RayRunners, RunnerGroup, runners_url, start_runners
 
 if TYPE_CHECKING:
     from fulgor.engine.local import EngineConfig, LocalEngine
@@ -143,7 +143,8 @@ async def start_services(
     served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
     adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
     ``runners_backend`` runs the runners as Ray actors instead of local processes, or each attempt as
-    a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say).
+    a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say, and
+    they reach it at its ``server_url``).
     Given a ``VLLMConfig``, vLLM serves the model (started, or attached to by ``url``, and stopped last).
     ``runner_python`` runs the runner processes on that Python instead of this one.
     """
@@ -191,22 +192,23 @@ async def start_services(
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
         app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
         sock = None
-        if isinstance(runners_backend, KubernetesRunners):  # where the Jobs' pods reach it
+        if runners_backend is not None:  # where the actors or the Jobs' pods reach it
             from fulgor.net.sockets import bind_socket
 
             sock = bind_socket(runners_backend.listen_host, runners_backend.listen_port)
         served_at = serve_asgi(app, sock, on_shutdown=app.draining.begin)
         server_url = await stack.enter_async_context(served_at)
-        runner_config = replace(runner_config, gateway_url=server_url, operator_key=key)
+        reached_at = runners_url(runners_backend, server_url)
+        runner_config = replace(runner_config, gateway_url=reached_at, operator_key=key)
         runners: RunnerGroup
         if isinstance(runners_backend, KubernetesRunners):
-            runners = await runners_backend.start(agent, store, server_url, n_runners, runner_config)
+            runners = await runners_backend.start(agent, store, reached_at, n_runners, runner_config)
             logger.info("started %s", runners.description)
         else:
             runners = start_runners(
                 agent,
                 store,
-                server_url,
+                reached_at,
                 n_runners,
                 runner_config,
                 runner_log,

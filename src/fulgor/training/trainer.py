@@ -116,8 +116,9 @@ class Trainer:
     runners run up to ``max_concurrency`` rollouts each: in processes when they can import the
     agent, else on the trainer's own event loop; with ``runners=RayRunners(...)``, as Ray actors
     (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
-    whose nodes are this machine); with ``runners=KubernetesRunners(...)``, each attempt of a
-    ``SubprocessAgent`` as a Kubernetes Job (:class:`~fulgor.training.runners.KubernetesRunners`:
+    it joins, whose actors reach the session at its ``server_url``); with
+    ``runners=KubernetesRunners(...)``, each attempt of a ``SubprocessAgent`` as a Kubernetes Job
+    (:class:`~fulgor.training.runners.KubernetesRunners`:
     at most ``n_runners`` x ``max_concurrency`` Jobs at once). ``runner_python`` runs the runner
     processes on another Python: an agent's own virtual environment, with fulgor's core installed,
     checked to load the agent before any rollout runs. ``rollout_config`` sets each
@@ -164,6 +165,7 @@ class Trainer:
                 f"keep_checkpoints must be 0 (keep every checkpoint) or more, got {keep_checkpoints}"
             )
         _check_algorithm(algorithm)
+        _check_vllm(algorithm, engine)
         self.algorithm = algorithm
         self.engine = engine
         self.upstream = trainer_upstream(engine, upstream, api_key, model)
@@ -445,8 +447,11 @@ class Trainer:
                 served_model_name=self.engine.model_name,
                 model_version=model_version,
             )
-            if isinstance(target, VLLMConfig) and getattr(self.algorithm, "lora", None) is not None:
-                target = replace(target, enable_lora=True)  # vLLM: each update publishes an adapter
+            if isinstance(target, VLLMConfig):
+                if getattr(self.algorithm, "lora", None) is not None:
+                    target = replace(target, enable_lora=True)  # each update publishes an adapter
+                if target.log_path is None:
+                    target = replace(target, log_path=self.run_dir / "logs" / "vllm.log")
         store = self.store if self.store is not None else await open_run_store(self.run_dir)
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(
@@ -721,6 +726,17 @@ def _check_algorithm(algorithm: Any) -> None:
         raise ConfigError(
             f"{type(algorithm).__name__}.publishes is {algorithm.publishes!r}; it must be one of "
             f"{', '.join(get_args(Publishes))}"
+        )
+
+
+def _check_vllm(algorithm: Any, engine: EngineConfig | VLLMConfig | None) -> None:
+    """An algorithm vLLM can serve the updates of, or a ConfigError saying what to change."""
+    lora = getattr(algorithm, "lora", None) is not None
+    if isinstance(engine, VLLMConfig) and lora and getattr(algorithm, "async_rollouts", False):
+        raise ConfigError(
+            "async_rollouts with a LoRA adapter on vLLM: each update's adapter is served under a name "
+            "of its own and the one before is unloaded, so rollouts running across a publish would "
+            "lose their model; train full weights (lora=None) or turn async_rollouts off"
         )
 
 

@@ -187,6 +187,32 @@ def test_a_running_server_is_used_by_url_and_left_running(server: VLLMServer, tm
         VLLMServer(VLLMConfig(model="base", url="http://127.0.0.1:9")).start()
 
 
+def test_a_running_server_is_made_to_serve_the_runs_weights_as_its_version(
+    server: VLLMServer, tmp_path: Path
+) -> None:
+    """A resumed run attaches with its newest checkpoint as the model: whatever the server held, it
+    serves that checkpoint (reloaded in place, or the adapter loaded) before any call."""
+    checkpoint, adapter = tmp_path / "step-3", tmp_path / "adapter-3"
+    for directory, config_file in ((checkpoint, "config.json"), (adapter, "adapter_config.json")):
+        directory.mkdir()
+        (directory / config_file).write_text("{}")
+    options: dict[str, Any] = {"url": server.url, "served_model_name": "base", "model_version": 3}
+    with VLLMServer(VLLMConfig(model=checkpoint, **options)) as attached:
+        assert (attached.model_version, attached.model_name) == (3, "base")
+    with VLLMServer(VLLMConfig(model=adapter, enable_lora=True, **options)) as attached:
+        assert (attached.model_version, attached.model_name) == (3, "base-v3")
+        assert "base-v3" in attached.served_models()
+    events = [e for e in _events(tmp_path / "stand_in.jsonl") if e["event"] != "launch"]
+    assert [e["event"] for e in events] == ["collective_rpc", "reset_prefix_cache", "load_lora_adapter"]
+    assert events[0]["body"]["kwargs"] == {"weights_path": str(checkpoint.resolve())}
+    assert events[2]["body"] == {"lora_name": "base-v3", "lora_path": str(adapter)}
+
+
+def test_a_running_server_that_serves_another_name_is_refused(server: VLLMServer) -> None:
+    with pytest.raises(VLLMError, match=r"serves base, not 'other'.*served_model_name"):
+        VLLMServer(VLLMConfig(model="other", url=server.url)).start()
+
+
 def test_a_server_that_cannot_start_raises_with_its_log(tmp_path: Path) -> None:
     config = _config(tmp_path)
     failing = VLLMServer(

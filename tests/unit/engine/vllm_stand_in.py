@@ -1,7 +1,8 @@
 """A stand-in for ``vllm serve`` in supervision tests: same command line, same health endpoint.
 
 Run as ``python vllm_stand_in.py serve MODEL --port P ...``. It appends one JSON line per launch
-and per admin call to the file named by ``STAND_IN_LOG``, answers ``GET /health``, accepts
+and per admin call to the file named by ``STAND_IN_LOG``, answers ``GET /health`` and ``GET
+/v1/models`` (its served model name and the adapters loaded), accepts
 ``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` and, with ``VLLM_SERVER_DEV_MODE=1``
 only, ``/collective_rpc`` and ``/reset_prefix_cache``, and exits with code 3 on ``POST /crash``. With
 ``STAND_IN_FAIL_START=1`` it exits at once with code 2, like a vLLM that cannot load its model.
@@ -20,6 +21,9 @@ def _log(entry: dict[str, object]) -> None:
     with open(os.environ["STAND_IN_LOG"], "a") as log:
         log.write(json.dumps(entry) + "\n")
 
+
+_SERVED = ""  # the --served-model-name, listed by GET /v1/models with the adapters loaded
+_ADAPTERS: list[str] = []
 
 # Routes vLLM serves only with VLLM_SERVER_DEV_MODE=1 (404 without, as vLLM answers).
 _DEV_ROUTES = ("/collective_rpc", "/reset_prefix_cache")
@@ -40,6 +44,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self._reply(200, {})
+        elif self.path == "/v1/models":
+            names = [_SERVED, *_ADAPTERS]
+            self._reply(200, {"object": "list", "data": [{"id": name, "object": "model"} for name in names]})
         else:
             self._reply(404, {"error": "not found"})
 
@@ -50,6 +57,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, {})
             threading.Thread(target=os._exit, args=(3,)).start()
         elif self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            if self.path == "/v1/load_lora_adapter":
+                _ADAPTERS.append(body["lora_name"])
+            elif body["lora_name"] in _ADAPTERS:
+                _ADAPTERS.remove(body["lora_name"])
             _log(
                 {
                     "event": self.path.rsplit("/", 1)[-1],
@@ -66,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str]) -> int:
+    global _SERVED
     _log({"event": "launch", "argv": argv})
+    _SERVED = argv[argv.index("--served-model-name") + 1]
     if os.environ.get("STAND_IN_FAIL_START") == "1":
         print("cannot load the model", file=sys.stderr)
         return 2

@@ -33,3 +33,11 @@ def test_one_adapter_per_agent_on_vllm_is_refused_before_vllm_starts(tmp_path: P
 def test_vllm_and_an_upstream_are_not_both_given(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not both or neither"):
         Trainer(algorithm=GRPO(), engine=VLLMConfig(model=tmp_path), upstream="http://127.0.0.1:9/v1")
+
+
+def test_async_rollouts_with_a_lora_adapter_on_vllm_are_refused(tmp_path: Path) -> None:
+    engine = VLLMConfig(model=tmp_path / "model")
+    with pytest.raises(ConfigError, match="async_rollouts with a LoRA adapter on vLLM"):
+        Trainer(algorithm=GRPO(lora=LoraConfig(), async_rollouts=True), engine=engine)
+    Trainer(algorithm=GRPO(lora=LoraConfig()), engine=engine)  # either alone is served
+    Trainer(algorithm=GRPO(async_rollouts=True), engine=engine)
