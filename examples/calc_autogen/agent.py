@@ -17,7 +17,9 @@ with a clear error, and the next rollout starts another. ``CALC_MCP_SERVER`` nam
 module to start instead of ``examples.calc_autogen.calculator_server``.
 
 Nothing here knows about training but the ``llm`` resource (the rollout's gateway URL and model);
-the reward is the calc task's own check of the agent's final reply.
+the reward is the calc task's own check of the agent's final reply. Its calls are named
+``calculator_agent`` by fulgor, from the ``invoke_agent`` span AutoGen opens around the agent's run
+(:mod:`fulgor.agent.genai`; the environment has ``opentelemetry-sdk``, so the span is recorded).
 """
 
 from __future__ import annotations
@@ -148,7 +150,6 @@ async def autogen_calc(task: dict[str, Any], llm: LLM) -> float:
         base_url=llm.endpoint,
         api_key=llm.api_key or "fulgor",
         model_info=MODEL_INFO,
-        default_headers={"X-Fulgor-Agent": AGENT_NAME},
         http_client=http_client(),  # shared by the loop's rollouts: never closed here
         max_retries=2,
         **sampling,

@@ -37,10 +37,11 @@ ATTR_AGENT_NAME: Final = "fulgor.agent.name"
 # The span attributes that name an agent, in the order they are read on one span: fulgor's own,
 # the LangGraph node OpenTelemetry's LangChain instrumentation records on every span inside a
 # node, and the GenAI semantic conventions' agent name (see fulgor.adapters.agents).
+ATTR_GENAI_AGENT_NAME: Final = "gen_ai.agent.name"
 AGENT_NAME_ATTRIBUTES: Final = (
     ATTR_AGENT_NAME,
     "traceloop.association.properties.langgraph_node",
-    "gen_ai.agent.name",
+    ATTR_GENAI_AGENT_NAME,
 )
 
 # fulgor.reward

@@ -65,6 +65,14 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall], str | None
         await store.close()
 
 
+async def span_names(run_dir: Path, rollout_id: str) -> set[str]:
+    store = SqliteStore(run_dir / "store.sqlite")
+    try:
+        return {span.name for span in await store.query_spans(rollout_id)}
+    finally:
+        await store.close()
+
+
 def agent_processes() -> list[str]:
     """Processes this test started still running (the runner pool, its runners, their servers), and
     this example's orphans (an MCP server that outlived its runner is no longer below the test)."""
@@ -116,6 +124,9 @@ def test_the_autogen_agent_runs_on_its_own_python_with_its_calls_recorded(
     )
     report = trainer.dev(autogen_calc, tasks)
     assert [r.status for r in report.rollouts] == ["succeeded"] * 3
+    # AutoGen's own OpenTelemetry spans are recorded with the rollout's.
+    names = asyncio.run(span_names(tmp_path / "run", report.rollouts[0].rollout_id))
+    assert f"invoke_agent {AGENT_NAME}" in names
     from transformers import AutoModelForCausalLM
 
     weights = AutoModelForCausalLM.from_pretrained(model)
@@ -124,7 +135,7 @@ def test_the_autogen_agent_runs_on_its_own_python_with_its_calls_recorded(
         assert calls
         for call in calls:
             assert_logprobs_of(weights, call)  # exactly the ids the engine sampled, with its logprobs
-            assert call.agent_name == AGENT_NAME  # its X-Fulgor-Agent header
+            assert call.agent_name == AGENT_NAME  # by fulgor, from AutoGen's own invoke_agent span
             # The tool the model was offered is the MCP server's, as AutoGen writes it.
             assert call.request["tools"] == [AUTOGEN_TOOL]
     assert not agent_processes()

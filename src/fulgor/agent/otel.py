@@ -7,7 +7,11 @@ with its OpenTelemetry trace, span and parent ids kept. Spans started outside an
 left alone, and so are spans started in a thread the agent started without carrying its context
 (see :mod:`fulgor.agent.context`). The bridge never raises into the agent's ``span.end()``: a
 name over the store's limit is cut to it, and a span that cannot be converted is logged and
-counted in its rollout's ``spans_lost``.
+counted in its rollout's ``spans_lost``. While a span of a rollout runs, the bridge also knows the
+agent it runs in: the agent its own ``gen_ai.agent.name`` names (OpenTelemetry's GenAI semantic
+conventions: AutoGen's ``invoke_agent`` spans start with it), else its parent's
+(:func:`current_agent_name`). Only the attributes a span starts with are read: one set later (as
+the LangChain instrumentation names a whole LangGraph graph) names no agent here.
 
 :func:`instrument_langchain` turns on OpenTelemetry's LangChain instrumentation for an agent
 written with LangChain or LangGraph: its spans name the LangGraph node each model call ran in, and
@@ -26,6 +30,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Literal
 
 from fulgor.agent.context import AgentError, RolloutContext, _current
+from fulgor.semconv import ATTR_GENAI_AGENT_NAME
 from fulgor.store._rules import json_float
 from fulgor.types import Span, SpanEvent, SpanStatus
 
@@ -34,13 +39,14 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
     from opentelemetry.sdk.trace import Span as SdkSpan
 
-__all__ = ["install", "instrument_langchain"]
+__all__ = ["current_agent_name", "install", "instrument_langchain"]
 
 logger = logging.getLogger(__name__)
 
 _NANOSECONDS = 1e9
 _NAME_LIMIT = 512  # Span.name's max_length
 _STATUS: dict[int, Literal["unset", "ok", "error"]] = {0: "unset", 1: "ok", 2: "error"}
+_BRIDGE = "_fulgor_bridge"  # the provider's attribute holding the bridge's processor
 
 
 def install(tracer_provider: TracerProvider | None = None) -> TracerProvider:
@@ -64,10 +70,24 @@ def install(tracer_provider: TracerProvider | None = None) -> TracerProvider:
         else:
             provider = TracerProvider()
             trace.set_tracer_provider(provider)
-    if not getattr(provider, "_fulgor_bridge", False):
-        provider.add_span_processor(_processor())
-        provider._fulgor_bridge = True  # type: ignore[attr-defined]
+    if getattr(provider, _BRIDGE, None) is None:
+        processor = _processor()
+        provider.add_span_processor(processor)
+        setattr(provider, _BRIDGE, processor)
     return provider
+
+
+def current_agent_name() -> str | None:
+    """The agent the current OpenTelemetry span of a rollout runs in (see the module's docstring);
+    None without the bridge, outside such a span, or when no span above it names an agent."""
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    processor = getattr(trace.get_tracer_provider(), _BRIDGE, None)
+    if processor is None:
+        return None
+    return processor.agent_of(trace.get_current_span().get_span_context().span_id)  # type: ignore[no-any-return]
 
 
 def instrument_langchain() -> bool:
@@ -92,23 +112,36 @@ def _processor() -> Any:
     from opentelemetry.sdk.trace import SpanProcessor
 
     class RolloutSpanProcessor(SpanProcessor):
-        """Remembers which rollout each span started in; records it there when it ends."""
+        """Remembers which rollout each span started in, and the agent it runs in; records it in
+        its rollout when it ends."""
 
         def __init__(self) -> None:
             self._started: dict[int, RolloutContext] = {}
+            self._agents: dict[int, str] = {}  # span id -> the agent it runs in, while it runs
             self._lock = threading.Lock()
 
         def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
             context = _current.get()
-            if context is not None:
-                with self._lock:
-                    self._started[span.context.span_id] = context
+            if context is None:
+                return
+            named = (span.attributes or {}).get(ATTR_GENAI_AGENT_NAME)
+            with self._lock:
+                self._started[span.context.span_id] = context
+                if not (isinstance(named, str) and named) and span.parent is not None:
+                    named = self._agents.get(span.parent.span_id)
+                if isinstance(named, str) and named:
+                    self._agents[span.context.span_id] = named
+
+        def agent_of(self, span_id: int) -> str | None:
+            with self._lock:
+                return self._agents.get(span_id)
 
         def on_end(self, span: ReadableSpan) -> None:
             if span.context is None:
                 return
             with self._lock:
                 context = self._started.pop(span.context.span_id, None)
+                self._agents.pop(span.context.span_id, None)
             if context is None:
                 return
             # The SDK calls this from the agent's span.end() without a guard of its own: a span
@@ -133,6 +166,7 @@ def _processor() -> Any:
         def shutdown(self) -> None:
             with self._lock:
                 self._started.clear()
+                self._agents.clear()
 
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return True

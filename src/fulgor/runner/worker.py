@@ -67,9 +67,11 @@ class RunnerConfig:
     it), looked up per rollout rather than stored here, where it would travel with the config
     (command lines, logs); with neither, agents get no key (a gateway without one checks none)."""
     opentelemetry: bool = True
-    """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk), and
-    instrument a LangChain or LangGraph agent when OpenTelemetry's LangChain instrumentation is
-    installed (see :func:`fulgor.agent.otel.instrument_langchain`)."""
+    """Record spans of the agent's own OpenTelemetry instrumentation (needs opentelemetry-sdk), name
+    each model call made inside a span of an agent (``gen_ai.agent.name``: AutoGen's) by that agent
+    (see :mod:`fulgor.agent.genai`), and instrument a LangChain or LangGraph agent when
+    OpenTelemetry's LangChain instrumentation is installed (see
+    :func:`fulgor.agent.otel.instrument_langchain`)."""
     span_retry_seconds: float = 30.0
     """How long a store that is away is retried before the agent's spans count as lost."""
 
@@ -323,11 +325,13 @@ async def attempt_resources(
 
 def _install_opentelemetry_bridge() -> None:
     from fulgor.agent import otel
+    from fulgor.agent.genai import name_calls_by_agent_spans
 
     try:
         otel.install()
     except FulgorError as missing:
         logger.debug("OpenTelemetry spans will not be recorded: %s", missing)
         return
+    name_calls_by_agent_spans()  # a call inside an agent's span (AutoGen's) names that agent
     if otel.instrument_langchain():
         logger.debug("LangChain is instrumented: each model call is attributed to its LangGraph node")
