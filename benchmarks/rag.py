@@ -80,7 +80,9 @@ def main() -> int:
             "after": result.test_after["val_f1"],
             "searches_before": result.test_before["val_tool_calls"],
             "searches_after": result.test_after["val_tool_calls"],
-            "failed": result.test_after["val_rollouts_failed"],
+            # GRPO's rollouts that failed, and the held-out test's after it
+            "failed": sum(m.get("rollouts_failed", 0) for m in trained)
+            + result.test_after["val_rollouts_failed"],
             "lost": lost_tokens(run_dir / "grpo"),
         }
         rows.append(row)
