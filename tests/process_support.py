@@ -87,3 +87,15 @@ def running_in(directory: Path) -> set[int]:
         except OSError:
             continue
     return found
+
+
+def left_behind(*names: str) -> list[str]:
+    """What a test that started processes left running: every live process below this one, and the
+    orphans (adopted by init) whose command line holds one of ``names``, such as a tool server that
+    outlived the runner that started it; other runs' processes on the machine do not count."""
+    found = [f"pid {pid}: {command_line(pid)}" for pid in sorted(descendants(os.getpid()))]
+    for pid, (parent, _) in live_processes().items():
+        command = command_line(pid) if parent == 1 else None
+        if command is not None and any(name in command for name in names):
+            found.append(f"orphan {pid}: {command}")
+    return found

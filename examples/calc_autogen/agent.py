@@ -51,7 +51,7 @@ MODEL_INFO = {
     "family": "unknown",
     "structured_output": False,
 }
-_SERVER_HELP = "its own last words are on the runner's stderr (run_dir/logs/runners.log)"
+_SERVER_HELP = "its own last words are on the runner's stderr (under a Trainer, run_dir/logs/runners.log)"
 _WORKBENCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
     weakref.WeakKeyDictionary()
 )

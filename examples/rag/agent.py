@@ -114,7 +114,7 @@ async def search_server(index: str) -> _SharedServer:
     except Exception as error:
         raise RuntimeError(
             f"the search MCP server over {index} did not start ({type(error).__name__}: {error}); "
-            "its own last words are on the runner's stderr (run_dir/logs/runners.log)"
+            "its own last words are on the runner's stderr (under a Trainer, run_dir/logs/runners.log)"
         ) from error
     return shared
 
@@ -153,7 +153,7 @@ async def rag_agent(task: dict[str, Any], llm: LLM) -> None:
         if not await shared.check():
             raise RuntimeError(
                 f"the search MCP server stopped ({type(error).__name__}: {error}); "
-                "its own last words are on the runner's stderr (run_dir/logs/runners.log)"
+                "its own last words are on the runner's stderr (under a Trainer, run_dir/logs/runners.log)"
             ) from error
         raise
     values = score(final, task["answer"])

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from tests.engine_support import assert_ids_recorded, assert_logprobs_of, stored_calls
-from tests.process_support import descendants
+from tests.integration.trainer_support import scripted_trainer
+from tests.process_support import left_behind
 
 pytest.importorskip("torch")
 
@@ -76,36 +77,12 @@ async def span_names(run_dir: Path, rollout_id: str) -> set[str]:
 def agent_processes() -> list[str]:
     """Processes this test started still running (the runner pool, its runners, their servers), and
     this example's orphans (an MCP server that outlived its runner is no longer below the test)."""
-    listing = subprocess.run(
-        ["ps", "-eo", "ppid,pid,args"], capture_output=True, text=True, check=True
-    ).stdout
-    servers = ("examples.calc_autogen", CRASHING_SERVER, ANNOUNCING_SERVER)
-    orphans = [
-        line
-        for line in listing.splitlines()[1:]
-        if line.split()[0] == "1" and any(server in line for server in servers)
-    ]
-    return [f"pid {pid}" for pid in descendants(os.getpid())] + orphans
+    return left_behind("examples.calc_autogen", CRASHING_SERVER, ANNOUNCING_SERVER)
 
 
 def calculator_call(task: dict[str, object]) -> ScriptedReply:
     expression = f"{task['a']}{task['op']}{task['b']}"
     return ScriptedReply(text="", tool_calls=(ScriptedToolCall("calculator", {"expression": expression}),))
-
-
-def scripted_trainer(
-    upstream: ScriptedOpenAIServer, run_dir: Path, python: str, **options: object
-) -> Trainer:
-    return Trainer(
-        algorithm=GRPO(),
-        upstream=upstream.url,
-        model="scripted",
-        run_dir=run_dir,
-        n_runners=1,
-        runner_python=python,
-        progress=False,
-        **options,  # type: ignore[arg-type]
-    )
 
 
 def test_the_autogen_agent_runs_on_its_own_python_with_its_calls_recorded(
@@ -147,7 +124,7 @@ def test_the_mcp_calculator_answers_and_the_conversation_is_the_warm_starts(
     (task,) = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
     with ScriptedOpenAIServer() as upstream:  # a simulated model on loopback: it calls the tool, then answers
         upstream.script(calculator_call(task), ScriptedReply(text=f"Answer: {task['answer']}"))
-        report = scripted_trainer(upstream, tmp_path / "run", python).dev(autogen_calc, [task])
+        report = scripted_trainer(upstream, tmp_path / "run", runner_python=python).dev(autogen_calc, [task])
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)]
     [(_, [first, second], _)] = asyncio.run(recorded(tmp_path / "run"))
     assert first.response["message"]["tool_calls"][0]["function"]["name"] == "calculator"
@@ -172,7 +149,7 @@ def test_one_calculator_server_serves_a_runners_rollouts(
     with ScriptedOpenAIServer() as upstream:  # one rollout at a time: the replies come in order
         for task in tasks:
             upstream.script(calculator_call(task), ScriptedReply(text=f"Answer: {task['answer']}"))
-        trainer = scripted_trainer(upstream, tmp_path / "run", python, max_concurrency=1)
+        trainer = scripted_trainer(upstream, tmp_path / "run", runner_python=python, max_concurrency=1)
         report = trainer.dev(autogen_calc, tasks)
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)] * 4
     log = (tmp_path / "run" / "logs" / "runners.log").read_text()
@@ -190,7 +167,7 @@ def test_a_crashing_tool_server_fails_its_rollout_clearly_and_the_retry_starts_a
         trainer = scripted_trainer(
             upstream,
             tmp_path / "run",
-            python,
+            runner_python=python,
             rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=2, retry_on=("failed",)),
         )
         report = trainer.dev(autogen_calc, [task])

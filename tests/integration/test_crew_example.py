@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.engine_support import assert_logprobs_of
+from tests.process_support import left_behind
 
 from examples.calc.dataset import make_splits
 from examples.crew.prompts import CALCULATOR_TOOL
@@ -59,8 +60,8 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall]]]:
 
 
 def crew_processes() -> list[str]:
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in listing.splitlines() if "examples.crew.agent" in line]
+    """Processes this test started still running (runners, crews), and crews that outlived them."""
+    return left_behind("examples.crew.agent")
 
 
 def test_each_crew_members_calls_are_recorded_with_the_engines_ids_and_its_name(tmp_path: Path) -> None:

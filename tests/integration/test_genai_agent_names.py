@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tests.engine_support import stored_calls
 from tests.integration.sample_agents.genai_agents import two_agents_in_spans
+from tests.integration.trainer_support import scripted_trainer
 
-from fulgor import GRPO, Trainer
 from fulgor.testing.openai_server import ScriptedOpenAIServer
 
 pytest.importorskip("opentelemetry.sdk")
@@ -20,15 +20,8 @@ pytest.importorskip("opentelemetry.sdk")
 
 def test_each_call_is_named_by_the_agent_span_it_is_made_in(tmp_path: Path) -> None:
     with ScriptedOpenAIServer() as upstream:
-        trainer = Trainer(
-            algorithm=GRPO(),
-            upstream=upstream.url,
-            model="scripted",
-            run_dir=tmp_path / "run",
-            n_runners=1,
-            progress=False,
-        )
-        report = trainer.dev(two_agents_in_spans, [{"question": "2 + 2?"}, {"question": "3 + 3?"}])
+        tasks = [{"question": "2 + 2?"}, {"question": "3 + 3?"}]
+        report = scripted_trainer(upstream, tmp_path / "run").dev(two_agents_in_spans, tasks)
     assert [r.status for r in report.rollouts] == ["succeeded"] * 2
     calls = asyncio.run(stored_calls(tmp_path / "run" / "store.sqlite"))
     names = [call.agent_name for call in calls]

@@ -18,6 +18,8 @@ pytest.importorskip("torch")
 pytest.importorskip("agents")
 
 from tests.engine_support import assert_logprobs_of
+from tests.integration.trainer_support import scripted_trainer
+from tests.process_support import left_behind
 
 from examples.rag.agent import AGENT_NAME, ROOT, rag_agent
 from examples.rag.corpus import Task, make_splits, make_world
@@ -59,13 +61,9 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall], str | None
 
 
 def search_servers() -> list[str]:
-    """Search server processes still running."""
-    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [
-        line
-        for line in listing.splitlines()
-        if "examples.rag.search_server" in line or CRASHING_SERVER in line
-    ]
+    """Processes this test started still running (runners, their search servers), and search
+    servers that outlived their runner."""
+    return left_behind("examples.rag.search_server", CRASHING_SERVER)
 
 
 def gold_replies(task: Task) -> list[ScriptedReply]:
@@ -113,15 +111,7 @@ def test_the_mcp_search_answers_and_the_warm_start_renders_what_rollouts_see(
     task = next(task for task in tasks if len(task["hops"]) == 3)
     with ScriptedOpenAIServer() as upstream:  # a simulated model on loopback: three searches, an answer
         upstream.script(*gold_replies(task))
-        trainer = Trainer(
-            algorithm=GRPO(),
-            upstream=upstream.url,
-            model="scripted",
-            run_dir=tmp_path / "run",
-            n_runners=1,
-            progress=False,
-        )
-        report = trainer.dev(rag_agent, [task])
+        report = scripted_trainer(upstream, tmp_path / "run").dev(rag_agent, [task])
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)]
     [(_, calls, _, values)] = asyncio.run(recorded(tmp_path / "run"))
     assert values == {"reward": 1.0, "f1": 1.0, "format": 1.0}
@@ -148,13 +138,9 @@ def test_a_crashing_search_server_fails_its_rollout_clearly_and_leaves_nothing_b
     tasks, _ = world_index
     with ScriptedOpenAIServer() as upstream:
         upstream.script(*gold_replies(tasks[0])[:1] * 2)
-        trainer = Trainer(
-            algorithm=GRPO(),
-            upstream=upstream.url,
-            model="scripted",
-            run_dir=tmp_path / "run",
-            n_runners=1,
-            progress=False,
+        trainer = scripted_trainer(
+            upstream,
+            tmp_path / "run",
             rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=2, retry_on=("failed",)),
         )
         report = trainer.dev(rag_agent, [tasks[0]])

@@ -23,6 +23,7 @@ pytest.importorskip("ray", reason="the ray extra is installed by make test")
 
 import ray
 from tests.integration.sample_agents.slow_agent import kills_its_runner_first_time, sleeper
+from tests.integration.trainer_support import scripted_trainer
 
 from examples.calc.agent import calc_agent
 from examples.calc.dataset import make_splits
@@ -86,14 +87,11 @@ def test_grpo_trains_through_ray_runner_actors(tmp_path: Path) -> None:
 
 def test_a_runner_that_dies_mid_rollout_leaves_it_to_another(tmp_path: Path) -> None:
     with ScriptedOpenAIServer() as upstream:
-        trainer = Trainer(
-            algorithm=GRPO(),
-            upstream=upstream.url,
-            model="scripted",
-            run_dir=tmp_path / "run",
+        trainer = scripted_trainer(
+            upstream,
+            tmp_path / "run",
             n_runners=2,
             runners=RayRunners(num_cpus=2),
-            progress=False,
             rollout_config=RolloutConfig(
                 timeout_seconds=120, unresponsive_seconds=3, max_attempts=2, retry_on=("unresponsive",)
             ),
@@ -114,15 +112,7 @@ def test_a_ray_the_process_started_is_used_and_left_running(tmp_path: Path) -> N
     ray.init("local", num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     try:
         with ScriptedOpenAIServer() as upstream:
-            trainer = Trainer(
-                algorithm=GRPO(),
-                upstream=upstream.url,
-                model="scripted",
-                run_dir=tmp_path / "run",
-                n_runners=1,
-                runners=RayRunners(),
-                progress=False,
-            )
+            trainer = scripted_trainer(upstream, tmp_path / "run", runners=RayRunners())
             report = trainer.dev(sleeper, [{"seconds": 0.01}])
         assert [r.status for r in report.rollouts] == ["succeeded"]
         assert ray.is_initialized()  # not the session's to shut down
@@ -192,15 +182,7 @@ def test_the_trainer_joins_a_ray_cluster_by_address_and_serves_its_actors_where_
         address="auto", listen_host="127.0.0.2", listen_port=port, server_url=f"http://127.0.0.2:{port}"
     )
     with ScriptedOpenAIServer() as upstream:
-        trainer = Trainer(
-            algorithm=GRPO(),
-            upstream=upstream.url,
-            model="scripted",
-            run_dir=tmp_path / "run",
-            n_runners=2,
-            runners=runners,
-            progress=False,
-        )
+        trainer = scripted_trainer(upstream, tmp_path / "run", n_runners=2, runners=runners)
         report = trainer.dev(sleeper, [{"seconds": 0.01}] * 4)
     assert [r.status for r in report.rollouts] == ["succeeded"] * 4
     attempts = asyncio.run(attempts_of(tmp_path / "run" / "store.sqlite"))
