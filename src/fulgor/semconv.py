@@ -34,10 +34,12 @@ ATTR_MODEL_CALL: Final = "fulgor.model_call"
 # The agent that emitted a span (rewards, messages, objects, exceptions, operations).
 ATTR_AGENT_NAME: Final = "fulgor.agent.name"
 
+# OpenTelemetry's GenAI semantic conventions name an agent on its invoke_agent span with this.
+ATTR_GENAI_AGENT_NAME: Final = "gen_ai.agent.name"
+
 # The span attributes that name an agent, in the order they are read on one span: fulgor's own,
 # the LangGraph node OpenTelemetry's LangChain instrumentation records on every span inside a
 # node, and the GenAI semantic conventions' agent name (see fulgor.adapters.agents).
-ATTR_GENAI_AGENT_NAME: Final = "gen_ai.agent.name"
 AGENT_NAME_ATTRIBUTES: Final = (
     ATTR_AGENT_NAME,
     "traceloop.association.properties.langgraph_node",

@@ -28,8 +28,6 @@ from fulgor.agent.otel import current_agent_name
 __all__ = ["name_calls_by_agent_spans"]
 
 _MARK = "_fulgor_names_agent"
-
-
 _HTTP_CLIENTS = ("httpx", "httpx2")  # the openai and anthropic SDKs' own, by version
 
 

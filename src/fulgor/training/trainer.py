@@ -118,11 +118,10 @@ class Trainer:
     (:class:`~fulgor.training.runners.RayRunners`: a Ray instance on this machine, or a cluster
     it joins, whose actors reach the session at its ``server_url``); with
     ``runners=KubernetesRunners(...)``, each attempt of a ``SubprocessAgent`` as a Kubernetes Job
-    (:class:`~fulgor.training.runners.KubernetesRunners`:
-    at most ``n_runners`` x ``max_concurrency`` Jobs at once). ``runner_python`` runs the runner
-    processes on another Python: an agent's own virtual environment, with fulgor's core installed,
-    checked to load the agent before any rollout runs. ``rollout_config`` sets each
-    rollout's timeout and retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
+    (:class:`~fulgor.training.runners.KubernetesRunners`: at most ``n_runners`` x
+    ``max_concurrency`` Jobs at once). ``runner_python`` runs the runner processes on another
+    Python: an agent's own virtual environment, with fulgor's core installed, checked to load the
+    agent before any rollout runs. ``rollout_config`` sets each rollout's timeout and retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
     ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
     shows a progress bar with the latest reward and validation accuracy on stderr.
 
