@@ -121,9 +121,10 @@ class Trainer:
     (:class:`~fulgor.training.runners.KubernetesRunners`: at most ``n_runners`` x
     ``max_concurrency`` Jobs at once). ``runner_python`` runs the runner processes on another
     Python: an agent's own virtual environment, with fulgor's core installed, checked to load the
-    agent before any rollout runs. ``rollout_config`` sets each rollout's timeout and retries; ``torch_threads`` the trainer's torch threads (default: every usable core).
-    ``trackers`` (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress``
-    shows a progress bar with the latest reward and validation accuracy on stderr.
+    agent before any rollout runs. ``rollout_config`` sets each rollout's timeout and retries;
+    ``torch_threads`` the trainer's torch threads (default: every usable core). ``trackers``
+    (:mod:`fulgor.training.tracking`) receive every step's metrics too; ``progress`` shows a progress
+    bar with the latest reward and validation accuracy on stderr.
 
     Instead of ``engine``, ``upstream`` names an OpenAI-compatible server the trainer does not own
     (``http://host:port/v1``: a vLLM server, a hosted API; or a :class:`~fulgor.gateway.Upstream`,
