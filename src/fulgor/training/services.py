@@ -23,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fulgor.agent.base import Runnable
 from fulgor.credentials import new_operator_key
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from fulgor.engine.vllm import VLLMConfig, VLLMServer
     from fulgor.gateway import Gateway, Upstream
 
-__all__ = ["Services", "open_run_store", "start_services", "trainer_upstream"]
+__all__ = ["Services", "check_vllm_updates", "open_run_store", "start_services", "trainer_upstream"]
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +250,19 @@ async def open_run_store(run_dir: Path) -> Store:
         await store.close()
         raise
     return store
+
+
+def check_vllm_updates(algorithm: Any, engine: EngineConfig | VLLMConfig | None) -> None:
+    """On vLLM, an algorithm whose updates it can serve, or a ConfigError saying what to change."""
+    from fulgor.engine.vllm import VLLMConfig
+
+    lora = getattr(algorithm, "lora", None) is not None
+    if isinstance(engine, VLLMConfig) and lora and getattr(algorithm, "async_rollouts", False):
+        raise ConfigError(
+            "async_rollouts with a LoRA adapter on vLLM: each update's adapter is served under a name "
+            "of its own and the one before is unloaded, so rollouts running across a publish would "
+            "lose their model; train full weights (lora=None) or turn async_rollouts off"
+        )
 
 
 def trainer_upstream(

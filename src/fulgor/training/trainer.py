@@ -70,7 +70,13 @@ from fulgor.training.rollouts import (
 )
 from fulgor.training.run_report import read_metrics, write_run_info
 from fulgor.training.runners import KubernetesRunners, RayRunners, check_runners
-from fulgor.training.services import Services, open_run_store, start_services, trainer_upstream
+from fulgor.training.services import (
+    Services,
+    check_vllm_updates,
+    open_run_store,
+    start_services,
+    trainer_upstream,
+)
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, RolloutRequest
@@ -165,7 +171,7 @@ class Trainer:
                 f"keep_checkpoints must be 0 (keep every checkpoint) or more, got {keep_checkpoints}"
             )
         _check_algorithm(algorithm)
-        _check_vllm(algorithm, engine)
+        check_vllm_updates(algorithm, engine)
         self.algorithm = algorithm
         self.engine = engine
         self.upstream = trainer_upstream(engine, upstream, api_key, model)
@@ -726,17 +732,6 @@ def _check_algorithm(algorithm: Any) -> None:
         raise ConfigError(
             f"{type(algorithm).__name__}.publishes is {algorithm.publishes!r}; it must be one of "
             f"{', '.join(get_args(Publishes))}"
-        )
-
-
-def _check_vllm(algorithm: Any, engine: EngineConfig | VLLMConfig | None) -> None:
-    """An algorithm vLLM can serve the updates of, or a ConfigError saying what to change."""
-    lora = getattr(algorithm, "lora", None) is not None
-    if isinstance(engine, VLLMConfig) and lora and getattr(algorithm, "async_rollouts", False):
-        raise ConfigError(
-            "async_rollouts with a LoRA adapter on vLLM: each update's adapter is served under a name "
-            "of its own and the one before is unloaded, so rollouts running across a publish would "
-            "lose their model; train full weights (lora=None) or turn async_rollouts off"
         )
 
 
