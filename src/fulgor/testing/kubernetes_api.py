@@ -23,7 +23,9 @@ environment plus the container's ``env`` (``value`` entries; ``valueFrom`` is no
 (``Failed``, reason ``BackoffLimitExceeded``: no pod is retried, whatever ``backoffLimit`` says); a
 process still running ``activeDeadlineSeconds`` after the Job started is killed and the Job fails
 with reason ``DeadlineExceeded``. Deleting a Job kills its process group, as the pod's deletion
-would. What no simulation gives: images, scheduling, nodes, pods as objects, watches, RBAC.
+would. What no simulation gives: images, scheduling, nodes, pods as objects, a pod's containers
+other than its first (a template whose agent runs in a later container, beside a sidecar, runs the
+sidecar here), watches, RBAC.
 """
 
 from __future__ import annotations
