@@ -263,9 +263,17 @@ class ShardedUpdater:
 def load_optimizer_shards(model: Any, optimizer: Any, checkpoint: Path) -> None:
     """Load ``checkpoint/optimizer`` (written by :meth:`ShardedUpdater.save` under any number of
     ranks) into ``optimizer``: each rank reads its shard of it, or one process all of it."""
+    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
+    saved = FileSystemReader(str(checkpoint / OPTIMIZER_DIR)).read_metadata().state_dict_metadata
+    if not any(key.startswith("optimizer.state.") for key in saved):
+        # The optimiser had not stepped yet (every update so far taught nothing and was skipped):
+        # it has no state to load, and this fresh one is the same. Asking a fresh optimiser for its
+        # state dict would give it one (a step of zeros), which the checkpoint does not hold.
+        logger.info("%s: the optimiser had not stepped; it continues fresh", checkpoint)
+        return
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     load(state, checkpoint_id=checkpoint / OPTIMIZER_DIR)
     set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -15,9 +15,10 @@ def row(prompt: list[int], response: list[int]) -> TrajectoryRow:
     )
 
 
-def batch(offset: int) -> list[Trajectory]:
-    """Two groups of two rollouts with rewards that differ, rows of several lengths, one rollout of
-    two rows: five rows, which two ranks in micro-batches of two split unevenly (one rank runs an
+def batch(offset: int, flat: bool = False) -> list[Trajectory]:
+    """Two groups of two rollouts with rewards that differ (``flat``: that are equal, so the batch
+    teaches nothing and the update skips its optimiser step), rows of several lengths, one rollout
+    of two rows: five rows, which two ranks in micro-batches of two split unevenly (one rank runs an
     idle micro-batch)."""
     trajectories = []
     for i in range(4):
@@ -28,7 +29,7 @@ def batch(offset: int) -> list[Trajectory]:
             Trajectory(
                 rollout_id=f"r{offset}-{i}",
                 group_id=f"g{offset}-{i // 2}",
-                reward=float(i % 2),
+                reward=1.0 if flat else float(i % 2),
                 rows=rows,
                 model_versions=[],
             )

@@ -46,7 +46,7 @@ def lead(algorithm: GRPO, base: Path, job: dict[str, Any], ranks: Ranks) -> None
     policy, updater = sharded_trainable(algorithm, start, base, step, ranks)
     metrics = []
     for offset in job["offsets"]:
-        metrics.append(updater.step(batch(offset)))
+        metrics.append(updater.step(batch(offset, flat=job.get("flat", False))))
         step += 1
         policy.save(checkpoints, step, {"updater": updater.state_dict()})
     (checkpoints / "metrics.json").write_text(json.dumps(metrics))

@@ -55,11 +55,13 @@ def run_ranks(base: Path, jobs: list[dict[str, Any]], out: Path, device: str = "
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def job(start: Path, start_step: int, offsets: list[int], out: Path, **config: Any) -> dict[str, Any]:
+def job(
+    start: Path, start_step: int, offsets: list[int], out: Path, flat: bool = False, **config: Any
+) -> dict[str, Any]:
     out.mkdir(parents=True)
     return {
         "start": str(start), "start_step": start_step, "offsets": offsets, "checkpoints": str(out),
-        "config": {**CONFIG, **config},
+        "flat": flat, "config": {**CONFIG, **config},
     }  # fmt: skip
 
 
@@ -112,20 +114,25 @@ def optimizer_state(checkpoint: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def runs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One torchrun of two ranks, four runs on them: ``two_steps`` (two steps from the base weights),
+    """One torchrun of two ranks, six runs on them: ``two_steps`` (two steps from the base weights),
     ``resumed`` (its step 2 again, from its ``step-1``), ``from_plain`` (step 2 from a one-process
-    checkpoint of step 1) and ``checkpointed`` (step 1 with gradient checkpointing)."""
+    checkpoint of step 1), ``checkpointed`` (step 1 with gradient checkpointing), ``flat`` (a step
+    that teaches nothing, so the optimiser never steps) and ``after_flat`` (a step from its
+    checkpoint)."""
     root = tmp_path_factory.mktemp("ranks")
     model, updater, _ = one_process(model_dir, [0])
     plain = Policy(model, load_policy(model_dir, "cpu").tokenizer).save(
         root / "plain", 1, {"updater": updater.state_dict()}
     )
-    out = {name: root / name for name in ("two_steps", "resumed", "from_plain", "checkpointed")}
+    names = ("two_steps", "resumed", "from_plain", "checkpointed", "flat", "after_flat")
+    out = {name: root / name for name in names}
     jobs = [
         job(model_dir, 0, [0, 1], out["two_steps"]),
         job(out["two_steps"] / "step-1", 1, [1], out["resumed"]),
         job(plain, 1, [1], out["from_plain"]),
         job(model_dir, 0, [0], out["checkpointed"], gradient_checkpointing=True),
+        job(model_dir, 0, [0], out["flat"], flat=True),
+        job(out["flat"] / "step-1", 1, [1], out["after_flat"]),
     ]
     run_ranks(model_dir, jobs, root)
     return out
@@ -176,6 +183,16 @@ def test_one_process_resumes_a_sharded_checkpoint(runs: dict[str, Path]) -> None
     resume_unsharded(updater, policy.model, out / "step-1", load_training_state(out / "step-1")["updater"])
     updater.step(batch(1))
     assert_same_step(weights(policy.model), weights(out / "step-2"))
+
+
+def test_a_checkpoint_whose_optimiser_never_stepped_resumes(model_dir: Path, runs: dict[str, Path]) -> None:
+    """A step that teaches nothing skips the optimiser's step, so its checkpoint holds no optimiser
+    state: two ranks and one process continue from it as from a fresh optimiser."""
+    assert rank_metrics(runs["flat"])[0]["optimizer_steps"] == 0
+    assert max_difference(weights(runs["flat"] / "step-1"), weights(model_dir)) == 0
+    assert optimizer_state(runs["flat"] / "step-1") == {}
+    model, _, _ = one_process(model_dir, [1])  # a fresh optimiser's first step
+    assert_same_step(weights(runs["after_flat"] / "step-2"), weights(model))
 
 
 def test_two_ranks_resume_a_one_process_checkpoint(model_dir: Path, runs: dict[str, Path]) -> None:
