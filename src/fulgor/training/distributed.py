@@ -263,7 +263,7 @@ class ShardedUpdater:
 def load_optimizer_shards(model: Any, optimizer: Any, checkpoint: Path) -> None:
     """Load ``checkpoint/optimizer`` (written by :meth:`ShardedUpdater.save` under any number of
     ranks) into ``optimizer``: each rank reads its shard of it, or one process all of it."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
