@@ -10,9 +10,11 @@ peft load lazily; a missing one raises an ImportError that names the ``fulgor[to
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -30,6 +32,7 @@ __all__ = [
     "checkpoint_kind",
     "eos_token_ids",
     "load_model",
+    "no_progress_bars",
     "require_torch",
     "require_transformers",
     "resolve_device",
@@ -81,6 +84,20 @@ def require_transformers() -> Any:
     import transformers
 
     return transformers
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off while weights load or save: a trainer does both at every
+    step, and a bar each time would bury its console and logs."""
+    progress = require_transformers().utils.logging
+    enabled = progress.is_progress_bar_enabled()
+    progress.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            progress.enable_progress_bar()
 
 
 def resolve_device(device: str) -> str:
@@ -172,7 +189,8 @@ def _cache_argument(model: Any) -> str:
 def _load_weights(path: Path, device: str, dtype: Any) -> Any:
     transformers = require_transformers()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        with no_progress_bars():
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model weights from {path}: {exc}") from exc
     return model.to(device).eval()
@@ -204,7 +222,8 @@ def _merge_adapter(model: Any, adapter_path: Path) -> Any:
     except ImportError as exc:
         raise ImportError("LoRA adapters need peft: pip install 'fulgor[torch]'") from exc
     try:
-        merged = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
+        with no_progress_bars():
+            merged = PeftModel.from_pretrained(model, adapter_path).merge_and_unload()
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot apply the LoRA adapter at {adapter_path}: {exc}") from exc
     return merged.eval()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fulgor.engine.errors import ModelLoadError
-from fulgor.engine.loading import require_torch, require_transformers
+from fulgor.engine.loading import no_progress_bars, require_torch, require_transformers
 from fulgor.engine.template import CHAT_TEMPLATE, END_OF_TEXT, IM_END, SPECIAL_TOKENS, TEXT_MARKERS
 
 __all__ = ["MODEL_SIZES", "Architecture", "ModelSize", "ModelSpec", "init_model", "train_tokenizer"]
@@ -335,7 +335,8 @@ def init_model(
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
     )
-    model.save_pretrained(out)
+    with no_progress_bars():
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
     logger.info("built a %s %s model with %d parameters in %s", size, arch, params, out)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fulgor.engine.loading import ADAPTERS_FILE, AdapterSet, adapter_set
+from fulgor.engine.loading import ADAPTERS_FILE, AdapterSet, adapter_set, no_progress_bars
 from fulgor.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ class Policy:
         partial.mkdir(parents=True)
         try:
             # Several adapters: one folder each, by name.
-            (self.write_weights or self.model.save_pretrained)(partial)
+            with no_progress_bars():
+                (self.write_weights or self.model.save_pretrained)(partial)
             self.tokenizer.save_pretrained(partial)
             if self.adapters:
                 assert self.base is not None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
+from fulgor.engine.loading import no_progress_bars
 from fulgor.errors import ConfigError
 from fulgor.training.checkpoints import Policy, load_policy, load_training_state
 
@@ -255,7 +256,8 @@ class ShardedUpdater:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             weights = get_model_state_dict(self.model, options=options)  # every rank gathers, rank 0 keeps
             if self.ranks.world.leader:
-                self.model.save_pretrained(directory, state_dict=weights)
+                with no_progress_bars():
+                    self.model.save_pretrained(directory, state_dict=weights)
             optimizer = get_optimizer_state_dict(self.model, self.updater.optimizer)
             save({"optimizer": optimizer}, checkpoint_id=directory / OPTIMIZER_DIR)
 

@@ -121,6 +121,23 @@ def test_a_checkpoint_is_complete_or_absent_and_may_hold_no_state(tmp_path: Path
     assert not list(tmp_path.glob(".*partial"))
 
 
+def test_loading_and_saving_weights_draws_no_progress_bars(
+    tmp_path: Path, model_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A trainer loads and saves weights at every step: transformers' bars would fill its logs.
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()
+    AutoModelForCausalLM.from_pretrained(model_dir)
+    assert "Loading weights" in capfd.readouterr().err  # what the trainer would otherwise print
+    policy = load_policy(model_dir, "cpu")
+    policy.save(tmp_path, 1)
+    init_model(tmp_path / "built", "tiny", seed=0)
+    assert "█" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()  # the process's own setting, as it was
+
+
 def test_a_save_that_fails_leaves_no_step_and_no_partial_copy(tmp_path: Path, model_dir: Path) -> None:
     policy = load_policy(model_dir, "cpu")
     policy.save(tmp_path, 1)
