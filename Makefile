@@ -35,22 +35,16 @@ typecheck: $(VENV)/.installed-test
 
 # Frameworks whose pins clash with the test environment's packages (AutoGen's protobuf, CrewAI's
 # openai and pydantic) run the framework matrix's agents from virtual environments of their own.
+# Each holds fulgor's core too (no extras: TensorBoard's needs a newer protobuf than AutoGen's 5.29),
+# so that a trainer starts its runner processes there (`fulgor train --runner-python
+# .frameworks/NAME/bin/python`: examples/calc_autogen, examples/crew).
 FRAMEWORKS := autogen crewai
 FRAMEWORK_VENVS := $(foreach name,$(FRAMEWORKS),.frameworks/$(name)/.installed)
 
-.frameworks/%/.installed: tests/integration/frameworks/requirements-%.txt
+.frameworks/%/.installed: tests/integration/frameworks/requirements-%.txt pyproject.toml
 	rm -rf .frameworks/$*
 	$(PYTHON) -m venv .frameworks/$*
-	.frameworks/$*/bin/python -m pip --disable-pip-version-check -q install -r $<
-	touch $@
-
-# The AutoGen environment holds fulgor's core too (no extras: the TensorBoard one needs a newer
-# protobuf than AutoGen's 5.29), so that a trainer starts its runner processes there
-# (`fulgor train --runner-python .frameworks/autogen/bin/python`, examples/calc_autogen).
-.frameworks/autogen/.installed: tests/integration/frameworks/requirements-autogen.txt pyproject.toml
-	rm -rf .frameworks/autogen
-	$(PYTHON) -m venv .frameworks/autogen
-	.frameworks/autogen/bin/python -m pip --disable-pip-version-check -q install -r $< -e .
+	.frameworks/$*/bin/python -m pip --disable-pip-version-check -q install -r $< -e .
 	touch $@
 
 unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS)

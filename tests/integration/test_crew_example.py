@@ -1,14 +1,15 @@
-"""The calc task through a CrewAI crew (a solver with the calculator, a reporter), run by fulgor as a
-program from CrewAI's own virtual environment: every call recorded with the engine's ids and the
-name of the crew member that made it, the conversations CrewAI holds equal to the warm start's,
-``fulgor train --dev``, a GRPO step through ``Trainer.fit``, and a crew whose model writes nothing
-scored 0 rather than failed."""
+"""The calc task through a CrewAI crew (a solver with the calculator, a reporter), run by the trainer's
+runner processes on CrewAI's own virtual environment (``runner_python``): every call recorded with
+the engine's ids and the name of the crew member that made it, the conversations CrewAI holds equal
+to the warm start's, crews running side by side in one runner, ``fulgor train --dev``, a GRPO step
+through ``Trainer.fit``, and a crew whose model writes nothing scored 0 rather than failed."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,8 @@ from tests.engine_support import assert_logprobs_of
 from tests.process_support import left_behind
 
 from examples.calc.dataset import make_splits
+from examples.crew.agent import QUIET, ROOT, calc_crew, crewai_python
 from examples.crew.prompts import CALCULATOR_TOOL
-from examples.crew.runner import ROOT, CalcCrew, crewai_python
 from examples.crew.warm_start import reporter_conversation, solver_conversation
 from fulgor import GRPO, RolloutConfig, Trainer
 from fulgor.engine.local import EngineConfig
@@ -60,8 +61,17 @@ async def recorded(run_dir: Path) -> list[tuple[str, list[ModelCall]]]:
 
 
 def crew_processes() -> list[str]:
-    """Processes this test started still running (runners, crews), and crews that outlived them."""
-    return left_behind("examples.crew.agent")
+    """Processes this test started still running (the runner pool and its runners on CrewAI's
+    Python), and runners that outlived the test."""
+    return left_behind(str(CREWAI_PYTHON))
+
+
+def crew_trainer(run_dir: Path, **options: object) -> Trainer:
+    """A Trainer whose runners run on CrewAI's Python (a simulated model unless an engine is given)."""
+    settings: dict[str, object] = {"n_runners": 1, "progress": False, "runner_python": crewai_python()}
+    if "engine" not in options:
+        settings |= {"algorithm": GRPO(), "model": "scripted"}
+    return Trainer(run_dir=run_dir, **{**settings, **options})  # type: ignore[arg-type]
 
 
 def test_each_crew_members_calls_are_recorded_with_the_engines_ids_and_its_name(tmp_path: Path) -> None:
@@ -69,14 +79,10 @@ def test_each_crew_members_calls_are_recorded_with_the_engines_ids_and_its_name(
 
     model_dir = init_model(tmp_path / "tiny", "tiny", seed=0)
     tasks = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
-    trainer = Trainer(
-        algorithm=GRPO(max_tokens=16),
-        engine=EngineConfig(model=model_dir, device="cpu"),
-        run_dir=tmp_path / "run",
-        n_runners=1,
-        progress=False,
+    trainer = crew_trainer(
+        tmp_path / "run", algorithm=GRPO(max_tokens=16), engine=EngineConfig(model=model_dir, device="cpu")
     )
-    report = trainer.dev(CalcCrew(), tasks)
+    report = trainer.dev(calc_crew, tasks)
     assert [r.status for r in report.rollouts] == ["succeeded"]
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # the weights the engine served
     for status, calls in asyncio.run(recorded(tmp_path / "run")):
@@ -104,11 +110,7 @@ def test_the_crews_conversations_are_the_warm_starts(tmp_path: Path) -> None:
             ScriptedReply(text=str(task["answer"])),
             ScriptedReply(text=f"Answer: {task['answer']}"),
         )
-        trainer = Trainer(
-            algorithm=GRPO(), upstream=upstream.url, model="scripted", run_dir=tmp_path / "run", n_runners=1,
-            progress=False,
-        )  # fmt: skip
-        report = trainer.dev(CalcCrew(), [task])
+        report = crew_trainer(tmp_path / "run", upstream=upstream.url).dev(calc_crew, [task])
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)]
     [(_, [first, second, third])] = asyncio.run(recorded(tmp_path / "run"))
     assert [c.agent_name for c in (first, second, third)] == ["solver", "solver", "reporter"]
@@ -123,14 +125,36 @@ def test_the_crews_conversations_are_the_warm_starts(tmp_path: Path) -> None:
     assert not crew_processes()
 
 
+def test_crews_run_side_by_side_in_one_runner(tmp_path: Path) -> None:
+    """Eight crews at once in one runner process (each in a thread of CrewAI's): each reaches its own
+    problem's answer, through its own calculator result."""
+    tasks = make_splits(seed=0, sizes=(32, 4, 4))["train"][:8]
+    by_question = {task["question"]: task for task in tasks}
+
+    def model(body: dict[str, object]) -> ScriptedReply:  # a simulated model that solves what it is asked
+        messages: list[dict[str, str]] = body["messages"]  # type: ignore[assignment]
+        if messages[0]["content"].startswith("You are Solver"):
+            task = next(task for question, task in by_question.items() if question in messages[1]["content"])
+            if messages[-1]["role"] == "tool":
+                return ScriptedReply(text=messages[-1]["content"])
+            expression = f"{task['a']}{task['op']}{task['b']}"
+            return ScriptedReply(
+                text="", tool_calls=(ScriptedToolCall("calculator", {"expression": expression}),)
+            )
+        numbers = re.findall(r"-?[0-9]+", messages[1]["content"])  # the reporter: its context's number
+        return ScriptedReply(text=f"Answer: {numbers[-1]}")
+
+    with ScriptedOpenAIServer(responder=model) as upstream:
+        trainer = crew_trainer(tmp_path / "run", upstream=upstream.url, max_concurrency=8)
+        report = trainer.dev(calc_crew, tasks)
+    assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 1.0)] * 8
+    assert not crew_processes()
+
+
 def test_a_crew_whose_model_writes_nothing_scores_zero(tmp_path: Path) -> None:
     (task,) = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
     with ScriptedOpenAIServer(default_reply=ScriptedReply(text="")) as upstream:
-        trainer = Trainer(
-            algorithm=GRPO(), upstream=upstream.url, model="scripted", run_dir=tmp_path / "run", n_runners=1,
-            progress=False,
-        )  # fmt: skip
-        report = trainer.dev(CalcCrew(), [task])
+        report = crew_trainer(tmp_path / "run", upstream=upstream.url).dev(calc_crew, [task])
     # CrewAI asks three times, then gives up: no answer, so reward 0, and the rollout is kept.
     assert [(r.status, r.reward) for r in report.rollouts] == [("succeeded", 0.0)]
     [(_, calls)] = asyncio.run(recorded(tmp_path / "run"))
@@ -142,15 +166,13 @@ def test_a_crew_that_cannot_reach_its_model_fails_its_rollout_with_the_crews_err
     (task,) = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
     with ScriptedOpenAIServer() as upstream:
         upstream.fail_next(count=100, status=400)  # every call refused: not the model's answer, an error
-        trainer = Trainer(
-            algorithm=GRPO(), upstream=upstream.url, model="scripted", run_dir=tmp_path / "run", n_runners=1,
-            progress=False, rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=1),
-        )  # fmt: skip
-        report = trainer.dev(CalcCrew(), [task])
+        config = RolloutConfig(timeout_seconds=120, max_attempts=1)
+        report = crew_trainer(tmp_path / "run", upstream=upstream.url, rollout_config=config).dev(
+            calc_crew, [task]
+        )
     assert [r.status for r in report.rollouts] == ["failed"]
     error = report.rollouts[0].error or ""
-    assert "the CrewAI crew exited with code 1" in error
-    assert "scripted failure" in error  # the upstream's own message, through CrewAI's traceback
+    assert "scripted failure" in error  # the upstream's own message, through CrewAI's error
     assert not crew_processes()
 
 
@@ -162,7 +184,7 @@ def test_fulgor_train_runs_and_trains_the_crew_from_the_command_line(tmp_path: P
     def train(run_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "fulgor.cli.main", "train",
-             "--agent", "examples.crew.runner:CalcCrew", *options,
+             "--agent", "examples.crew.agent:calc_crew", "--runner-python", crewai_python(), *options,
              "--train", str(tmp_path / "tasks.jsonl"), "--model", str(model), "--device", "cpu",
              "--run-dir", str(run_dir), "--n-runners", "1", "--max-tokens", "16"],
             capture_output=True, text=True, timeout=300, cwd=ROOT,
@@ -187,14 +209,12 @@ def test_fulgor_train_runs_and_trains_the_crew_from_the_command_line(tmp_path: P
 def test_trainer_fit_trains_a_grpo_step_on_both_crew_members_calls(tmp_path: Path) -> None:
     model = init_model(tmp_path / "tiny", "tiny", seed=0)
     tasks = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
-    trainer = Trainer(
+    trainer = crew_trainer(
+        tmp_path / "run",
         algorithm=GRPO(group_size=2, batch_tasks=1, max_steps=1, max_tokens=16, val_before_training=False),
         engine=EngineConfig(model=model, device="cpu"),
-        run_dir=tmp_path / "run",
-        n_runners=1,
-        progress=False,
     )
-    [step] = trainer.fit(CalcCrew(), tasks)
+    [step] = trainer.fit(calc_crew, tasks)
     assert step["step"] == 1
     assert step["rollouts"] == 2
     assert step["rollouts_failed"] == 0
@@ -213,14 +233,38 @@ def test_a_missing_crewai_environment_is_named_with_how_to_build_it(
         crewai_python()
 
 
+def test_a_crew_run_on_a_python_without_crewai_fails_naming_runner_python(tmp_path: Path) -> None:
+    (task,) = make_splits(seed=0, sizes=(8, 4, 4))["train"][:1]
+    with ScriptedOpenAIServer() as upstream:
+        trainer = crew_trainer(
+            tmp_path / "run",
+            upstream=upstream.url,
+            runner_python=sys.executable,  # the test's own Python, which lacks CrewAI
+            rollout_config=RolloutConfig(max_attempts=1),
+        )
+        report = trainer.dev(calc_crew, [task])
+    assert [r.status for r in report.rollouts] == ["failed"]
+    assert "--runner-python .frameworks/crewai/bin/python" in (report.rollouts[0].error or "")
+    assert upstream.requests == []
+
+
 def test_the_crew_runs_with_crewais_telemetry_off() -> None:
-    # CrewAI's telemetry and trace upload would try to reach its vendor from every rollout.
-    env = CalcCrew().env
-    assert env["CREWAI_DISABLE_TELEMETRY"] == env["OTEL_SDK_DISABLED"] == "true"
-    assert env["CREWAI_TRACING_ENABLED"] == "false"
+    # CrewAI's telemetry and trace upload would try to reach its vendor from every rollout: the
+    # agent turns them off before it imports CrewAI, in the runner's own process.
+    lines = ["import json, os", "from examples.crew.agent import _crewai", "_crewai()"]
+    script = "\n".join([*lines, "print(json.dumps(dict(os.environ)))"])
+    env = {k: v for k, v in os.environ.items() if k not in QUIET} | {"PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [crewai_python(), "-c", script], capture_output=True, text=True, env=env, check=True
+    )
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {name: seen.get(name) for name in QUIET} == {
+        "CREWAI_DISABLE_TELEMETRY": "true",
+        "CREWAI_TRACING_ENABLED": "false",
+    }
 
 
-@pytest.mark.slow(minutes=20)
+@pytest.mark.slow(minutes=10)
 def test_grpo_raises_the_crews_reward_in_a_short_run(tmp_path: Path) -> None:
     from examples.crew.train import run_crew
     from fulgor.adapters import DriftReport
@@ -228,9 +272,10 @@ def test_grpo_raises_the_crews_reward_in_a_short_run(tmp_path: Path) -> None:
     result = run_crew(tmp_path / "crew", seed=0, progress=False)  # the settings benchmarks/crew.py measures
     rewards = [m["reward_mean"] for m in result.history if m["step"] > 0]
     third = len(rewards) // 3
-    # Measured: 0.234 over the first four steps, 0.484 over the last four; 16 rollouts a step are
-    # noisy, so the test asks for less than that rise.
-    assert sum(rewards[-third:]) / third >= sum(rewards[:third]) / third + 0.1, rewards
+    # Measured (64 rollouts a step, 2026-12-07): 29 steps, 0.18 over the first nine, 0.56 over the
+    # last nine; another run 27 steps, 0.18 and 0.50; with 2e-4 for the learning rate 0.16 and 0.36.
+    assert third >= 5, rewards
+    assert sum(rewards[-third:]) / third >= sum(rewards[:third]) / third + 0.15, rewards
     for metrics in result.history:
         assert metrics.get("rollouts_failed", 0) == 0, metrics
         assert all(metrics.get(f"drift/{name}", 0) == 0 for name in DriftReport.LOSSES), metrics
