@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import signal
@@ -148,6 +149,10 @@ def process_group(world: World, device: str) -> Iterator[str]:
     try:
         yield resolved
     finally:
+        # The models sharded over the group hold it through reference cycles (FSDP's hooks): freed
+        # now, while the group is still whole, rather than at interpreter exit, where gloo's threads
+        # may outlive what they need and abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -174,8 +179,16 @@ class Ranks:
             return
         try:
             self.send(("stop",))
+            self.barrier()
         except RuntimeError as error:  # gloo's or NCCL's "connection closed by peer"
             logger.warning("the other ranks did not hear the stop (%s); torchrun stops them", error)
+
+    def barrier(self) -> None:
+        """Wait for every rank (after ``stop``): each then tears down its process group with none of
+        its peers' messages still on the way, which gloo would answer with an abort."""
+        import torch.distributed as dist
+
+        dist.barrier()
 
     @contextlib.contextmanager
     def command(self, command: tuple[Any, ...]) -> Iterator[None]:
@@ -389,6 +402,7 @@ def follow(algorithm: Algorithm, reference_dir: Path, ranks: Ranks) -> None:
     while True:
         command = _receive()
         if command[0] == "stop":
+            ranks.barrier()
             return
         if command[0] == "load":
             _, model_dir, step = command
