@@ -40,6 +40,7 @@ from tests.reliability.parents import AGENT_PROGRAM, LONG_ANSWER
 
 from fulgor.engine.models import init_model
 from fulgor.store import SqliteStore
+from fulgor.types import RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -219,15 +220,16 @@ class Demo:
     def text(self) -> str:
         return self.output.read_text()
 
-    def running_rollouts(self, mode: str) -> bool:
-        """Whether rollouts of ``mode`` run, read from the run's store once its services are up."""
+    def has_rollouts(self, mode: str, status: list[RolloutStatus] | None = None) -> bool:
+        """Whether the run's store holds rollouts of ``mode`` (of ``status``, else any), read once
+        its services are up."""
         if "engine at" not in self.text():
             return False
 
         async def read() -> bool:
             store = SqliteStore(self.run_dir / "grpo" / "store.sqlite")
             try:
-                return any(r.mode == mode for r in await store.query_rollouts(status=["running"]))
+                return any(r.mode == mode for r in await store.query_rollouts(status=status))
             finally:
                 await store.close()
 
@@ -264,10 +266,11 @@ def start_demo(tmp_path: Path) -> Iterator[Callable[[Path], Demo]]:
 STAGES: dict[str, Callable[[Demo], bool]] = {
     # The SFT loop runs (it logs every 25 steps).
     "warm start": lambda demo: "warm start step 25/" in demo.text(),
-    # The validation before the first GRPO step runs.
-    "validation": lambda demo: not demo.validated() and demo.running_rollouts("val"),
+    # The validation before the first GRPO step has begun (its rollouts queued or running: on a
+    # barely warm model they all end within a second) and has not ended.
+    "validation": lambda demo: not demo.validated() and demo.has_rollouts("val"),
     # A GRPO step's rollouts run, after that validation.
-    "GRPO": lambda demo: demo.validated() and demo.running_rollouts("train"),
+    "GRPO": lambda demo: demo.validated() and demo.has_rollouts("train", ["running"]),
 }
 
 
