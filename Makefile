@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test test-vllm demo demo-rooms demo-sql demo-rag lint typecheck unit clean
+.PHONY: test test-deps test-vllm demo demo-rooms demo-sql demo-rag lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import torch, vllm.entrypoints.openai.api_server; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	touch $@
+
+# Everything `make test` and `make test-vllm` install (.ci/run installs it all before it runs the
+# suites where nothing can reach the network).
+test-deps: $(VENV)/.installed-test $(FRAMEWORK_VENVS) $(VLLM_VENV)/.installed
 
 # A real vLLM server on a small model built here: flags, health, token ids and logprobs through the
 # gateway, weight reloads, LoRA adapters, and the Trainer on vLLM (several minutes on 2 cores).

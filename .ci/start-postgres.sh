@@ -28,11 +28,20 @@ if ! pg_lsclusters -h | awk -v v="$VERSION" -v c="$CLUSTER" '$1 == v && $2 == c 
   log "creating cluster $VERSION/$CLUSTER"
   pg_createcluster "$VERSION" "$CLUSTER" >&2
 fi
+PORT=$(pg_lsclusters -h | awk -v v="$VERSION" -v c="$CLUSTER" '$1 == v && $2 == c {print $3}')
 if ! pg_ctlcluster "$VERSION" "$CLUSTER" status >/dev/null 2>&1; then
   log "starting cluster $VERSION/$CLUSTER"
   pg_ctlcluster "$VERSION" "$CLUSTER" start >&2
+else
+  # Running, yet nobody answers on this loopback (pg_isready's status 2): the server was started in
+  # another network namespace (by apt, or before .ci/run entered its own). Started again here.
+  answered=0
+  pg_isready -q -h 127.0.0.1 -p "$PORT" || answered=$?
+  if [ "$answered" -eq 2 ]; then
+    log "restarting cluster $VERSION/$CLUSTER: it does not answer on this network namespace's loopback"
+    pg_ctlcluster "$VERSION" "$CLUSTER" restart >&2
+  fi
 fi
-PORT=$(pg_lsclusters -h | awk -v v="$VERSION" -v c="$CLUSTER" '$1 == v && $2 == c {print $3}')
 
 for _ in $(seq 1 60); do
   pg_isready -q -h 127.0.0.1 -p "$PORT" && break

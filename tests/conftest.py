@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from tests import loopback_guard
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test stays on loopback (``tests/loopback_guard.py``), set before any test module is
+    imported, so that the libraries they import and the processes they start see it too."""
+    loopback_guard.install(config)
 
 
 DEADLINE_ENV = "FULGOR_TEST_DEADLINE"

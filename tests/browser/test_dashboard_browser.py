@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("FULGOR_SCREENSHOTS", ROOT / "build" / "screenshots"))
-# Without the background-networking flags Chromium keeps reaching for Google's hosts.
+# Without the background-networking flags and the resolver rules Chromium keeps reaching for Google's
+# hosts (tests/integration/test_loopback.py runs these tests under strace to keep it so).
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -38,6 +39,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
     "--disable-quic",
+    # No name is looked up: Chromium's own requests (autofill, updates) find no host.
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
 ]
 
 

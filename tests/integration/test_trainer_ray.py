@@ -134,9 +134,12 @@ def ray_cluster() -> Iterator[str]:
     command = [
         str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
         "--node-ip-address=127.0.0.1", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+        # Worker ports from the kernel, as a local instance takes them: with a range (the default
+        # 10002-19999) the raylet tries each port on every address before it hands it out.
+        "--min-worker-port=0", "--max-worker-port=0",
     ]  # fmt: skip
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
-    env = {**os.environ, "PYTHONPATH": path, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "PYTHONPATH": path}
     head = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     )

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,24 +53,29 @@ def run_ranks(args: argparse.Namespace, run_dir: Path) -> int:
     reaches this process only, which passes it on once and waits for the ranks to stop; torchrun
     stops them too when this process ends without that (SIGTERM, SIGKILL), as it watches a pipe
     only this process holds."""
-    import signal
-    import subprocess
-
     from fulgor.cli import _torchrun
+    from fulgor.training.distributed import local_torchrun
 
     argv = _without_nproc(args.argv)  # the ranks take their number from torchrun's WORLD_SIZE
     if args.run_dir is None:
         argv += ["--run-dir", str(run_dir)]
-    torchrun_args = [
-        "--standalone", f"--nproc-per-node={args.nproc}", "-m", "fulgor.cli.main", *argv,
-    ]  # fmt: skip
-    read_fd, write_fd = os.pipe()  # the write end stays here, not inherited
-    try:
-        process = subprocess.Popen(
-            _torchrun.command_line(read_fd, torchrun_args), pass_fds=(read_fd,), start_new_session=True
-        )
-    finally:
-        os.close(read_fd)
+    with tempfile.TemporaryDirectory(prefix="fulgor-ranks-") as folder:  # where the ranks meet
+        options, environment = local_torchrun(args.nproc, Path(folder))
+        read_fd, write_fd = os.pipe()  # the write end stays here, not inherited
+        try:
+            process = subprocess.Popen(
+                _torchrun.command_line(read_fd, [*options, "-m", "fulgor.cli.main", *argv]),
+                pass_fds=(read_fd,),
+                start_new_session=True,
+                env={**os.environ, **environment},
+            )
+        finally:
+            os.close(read_fd)
+        return _wait_for_ranks(process, write_fd)
+
+
+def _wait_for_ranks(process: subprocess.Popen[bytes], write_fd: int) -> int:
+    """torchrun's exit status once it ends; a Ctrl+C here is passed on to it once."""
     interrupted = False
     while True:
         try:

@@ -11,8 +11,10 @@ token ids) and ``--evaluate`` measures the ``--val`` tasks with the newest weigh
 APO, the best prompts) of the run in ``--run-dir``. ``--nproc N`` runs the GRPO update across N
 processes: the command runs itself again under torchrun (``torch.distributed.run``), rank 0 as
 the trainer and the others in the update only (:mod:`fulgor.training.distributed`).
-``--upstream URL`` sends the agent's calls to an OpenAI-compatible server instead of a local
-model, for ``--dev``, ``--evaluate`` (recording a teacher's rollouts, say) and APO: no weights
+``--runners ray`` runs the runners as Ray actors (:class:`fulgor.RayRunners`): on a Ray instance
+the run starts on this machine and keeps on loopback, or on the running cluster at
+``--ray-address``. ``--upstream URL`` sends the agent's calls to an OpenAI-compatible server instead
+of a local model, for ``--dev``, ``--evaluate`` (recording a teacher's rollouts, say) and APO: no weights
 train there. Without ``--run-dir``, training and ``--dev`` start a new
 ``runs/train-<date>-<time>``; the command prints the ``--run-dir`` that continues it. Task files
 are JSON Lines, one task (any JSON value) per line.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fulgor.cli._apo import APO_STEPS, add_apo_arguments, apo_algorithm, check_apo_options
 from fulgor.cli._nproc import add_update_arguments, check_update_options, rank, run_ranks
 from fulgor.cli._options import non_negative_float, positive_float, positive_int
 from fulgor.cli._stopping import interrupts
@@ -53,7 +57,7 @@ __all__ = ["check_model_dir", "read_tasks", "register"]
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 ALGORITHMS = ("grpo", "sft", "apo")
 _LEARNING_RATES = {"grpo": 3e-5, "sft": 1e-3}
-_STEPS = {"grpo": 100, "sft": 100, "apo": 3}
+_STEPS = {"grpo": 100, "sft": 100, "apo": APO_STEPS}
 
 
 def register(subparsers: Any) -> None:
@@ -202,11 +206,9 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="teacher transcripts per step with --from-run (default 32)",
     )
-    _add_apo_arguments(parser)
+    add_apo_arguments(parser)
     system = parser.add_argument_group("system")
-    system.add_argument(
-        "--n-runners", type=positive_int, default=2, metavar="N", help="runner processes (default 2)"
-    )
+    system.add_argument("--n-runners", type=positive_int, default=2, metavar="N", help="runners (default 2)")
     system.add_argument(
         "--max-concurrency",
         type=positive_int,
@@ -220,6 +222,19 @@ def register(subparsers: Any) -> None:
         metavar="PYTHON",
         help="run the runner processes on this Python: the agent's own virtual environment (e.g. one "
         "whose packages clash with this one's), with fulgor installed there too",
+    )
+    system.add_argument(
+        "--runners",
+        choices=("processes", "ray"),
+        default="processes",
+        help="where the runners run: processes on this machine (default), or Ray actors: on a Ray "
+        "instance the run starts on this machine (on loopback), or on the cluster of --ray-address",
+    )
+    system.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="with --runners ray: join this running Ray cluster (auto, HOST:PORT or ray://HOST:10001) "
+        "instead of starting an instance; it is left running",
     )
     system.add_argument("--device", default="auto", help="auto (default), cpu, mps, cuda or cuda:N")
     add_update_arguments(grpo, system)
@@ -237,50 +252,6 @@ def register(subparsers: Any) -> None:
         "the others as training goes (default 2; 0 keeps every one)",
     )
     parser.set_defaults(handler=_run)
-
-
-def _add_apo_arguments(parser: argparse.ArgumentParser) -> None:
-    apo = parser.add_argument_group("APO (--algorithm apo): prompt optimisation")
-    apo.add_argument(
-        "--prompt",
-        action="append",
-        default=[],
-        type=_prompt_entry,
-        metavar="NAME=FILE",
-        help="a prompt to optimise: the agent's parameter NAME gets the template in FILE (repeat for "
-        "several; a .j2 or .jinja file is a jinja2 template, any other a str.format one)",
-    )
-    apo.add_argument("--optimizer-url", metavar="URL", help="the critic's and editor's OpenAI base URL")
-    apo.add_argument("--optimizer-model", metavar="NAME", help="the critic's and editor's model")
-    apo.add_argument(
-        "--optimizer-key-env", metavar="VAR", help="the environment variable holding the optimiser's API key"
-    )
-    apo.add_argument("--critic-model", metavar="NAME", help="the critic's model, when not --optimizer-model")
-    apo.add_argument("--editor-model", metavar="NAME", help="the editor's model, when not --optimizer-model")
-    apo.add_argument(
-        "--search", choices=("beam", "pareto"), default="beam", help="beam (default) or pareto (GEPA)"
-    )
-    for flag, default, what in (
-        ("--beam-width", 4, "candidates the beam keeps"),
-        ("--branch-factor", 4, "proposals from each beam parent per round"),
-        ("--proposals", 4, "proposals per round with --search pareto"),
-        ("--gradient-batch-size", 4, "training tasks the critic sees per proposal"),
-        ("--val-batch-size", 16, "validation tasks that rank the beam each round"),
-    ):
-        apo.add_argument(
-            flag, type=positive_int, default=default, metavar="N", help=f"{what} (default {default})"
-        )
-    apo.add_argument("--max-rollouts", type=positive_int, metavar="N", help="stop once N rollouts are used")
-    apo.add_argument(
-        "--max-optimizer-calls", type=positive_int, metavar="N", help="stop once N optimiser calls are used"
-    )
-
-
-def _prompt_entry(text: str) -> tuple[str, Path]:
-    name, equals, path = text.partition("=")
-    if not equals or not name or not path:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=FILE, e.g. prompt_template=prompt.txt")
-    return name, Path(path)
 
 
 @dataclass(frozen=True)
@@ -327,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {error.message}", file=sys.stderr)
         return 2
     try:
-        _require_extras(torch=args.upstream is None)
+        _require_extras(torch=args.upstream is None, ray=args.runners == "ray")
         if args.upstream is None:
             _check_device(args.device, args.nproc)
         trainer = _trainer(args, job.run_dir)
@@ -397,6 +368,7 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
             f"--upstream-key-env {args.upstream_key_env}: that environment variable is not set; export "
             "the upstream's API key in it"
         )
+    _check_runner_options(args)
     if args.evaluate and args.run_dir is None and args.upstream is None:
         raise ConfigError(
             "--evaluate measures the weights of a run (its newest checkpoint); pass its --run-dir"
@@ -423,12 +395,22 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     return _Job(train=train, val=val, run_dir=run_dir)
 
 
+def _check_runner_options(args: argparse.Namespace) -> None:
+    if args.ray_address is not None and args.runners != "ray":
+        raise ConfigError("--ray-address names the Ray cluster of --runners ray; pass --runners ray too")
+    if args.runners == "ray" and args.runner_python is not None:
+        raise ConfigError(
+            "--runner-python starts runner processes on another Python; Ray actors run on the Python "
+            "of Ray's workers: pass one of --runners ray and --runner-python"
+        )
+
+
 def _check_algorithm_options(args: argparse.Namespace) -> None:
     """An algorithm that exists, with the options it takes."""
     if args.algorithm not in ALGORITHMS:
         raise ConfigError(f"--algorithm {args.algorithm} does not exist; pass one of {', '.join(ALGORITHMS)}")
     if args.algorithm == "apo":
-        _check_apo_options(args)
+        check_apo_options(args)
         return
     sft_only = [
         name
@@ -461,50 +443,6 @@ def _check_algorithm_options(args: argparse.Namespace) -> None:
             f"--from-run {args.from_run} holds no store.sqlite; pass the --run-dir of a run that recorded "
             "the teacher's rollouts (fulgor train --dev --upstream URL, say)"
         )
-
-
-def _check_apo_options(args: argparse.Namespace) -> None:
-    """Prompts to optimise, and (for training) an optimiser and validation tasks."""
-    if not args.prompt:
-        raise ConfigError(
-            "--algorithm apo optimises the prompts of --prompt NAME=FILE (NAME: the agent's parameter "
-            "that takes the prompt); pass at least one"
-        )
-    names = [name for name, _ in args.prompt]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"--prompt names a prompt twice ({', '.join(names)}); name each once")
-    if args.dev or args.evaluate:
-        return
-    if args.optimizer_url is None or (
-        args.optimizer_model is None and None in (args.critic_model, args.editor_model)
-    ):
-        raise ConfigError(
-            "--algorithm apo needs its critic and editor: --optimizer-url URL (any OpenAI-compatible "
-            "server) and --optimizer-model NAME (or --critic-model and --editor-model)"
-        )
-    if args.optimizer_key_env is not None and not os.environ.get(args.optimizer_key_env):
-        raise ConfigError(
-            f"--optimizer-key-env {args.optimizer_key_env}: that environment variable is not set; "
-            "export the optimiser's API key in it"
-        )
-    if args.val is None:
-        raise ConfigError("--algorithm apo scores its candidate prompts on --val FILE; pass --val")
-
-
-def _read_prompts(entries: Sequence[tuple[str, Path]]) -> dict[str, Any]:
-    from fulgor.types import PromptTemplate
-
-    prompts = {}
-    for name, path in entries:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(
-                f"--prompt {name}={path}: cannot read it ({error}); pass a UTF-8 text file"
-            ) from None
-        engine = "jinja" if path.suffix in (".j2", ".jinja", ".jinja2") else "f-string"
-        prompts[name] = PromptTemplate(template=text.rstrip("\n"), engine=engine)
-    return prompts
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -583,13 +521,16 @@ def _check_device(device: str, nproc: int = 1) -> None:
         )
 
 
-def _require_extras(*, torch: bool) -> None:
-    """torch and transformers (for a local model), and the server the run's services need, or an
-    ImportError naming the extra."""
+def _require_extras(*, torch: bool, ray: bool) -> None:
+    """torch and transformers (for a local model), the server the run's services need, and Ray for
+    Ray runners, or an ImportError naming the extra."""
     from fulgor.engine.loading import require_torch
 
     if torch:
         require_torch()
+    # Found, not imported: a Ray instance the run starts reads its switches when Ray is imported.
+    if ray and importlib.util.find_spec("ray") is None:
+        raise ImportError("--runners ray needs Ray: pip install 'fulgor[ray]'")
     # Each names fulgor[server] when missing.
     for module in ("fulgor.gateway", "fulgor.engine.app") if torch else ("fulgor.gateway",):
         importlib.import_module(module)
@@ -601,7 +542,7 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
     from fulgor.algorithms.sft import SFTConfig
 
     if args.algorithm == "apo":
-        return _apo(args)
+        return apo_algorithm(args)
     common = {
         "group_size": args.group_size,
         "batch_tasks": args.batch_tasks,
@@ -633,36 +574,8 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
     )
 
 
-def _apo(args: argparse.Namespace) -> ResourceAlgorithm:
-    from fulgor import APO, LLM
-
-    critic = editor = None
-    if args.optimizer_url is not None:
-        key = os.environ[args.optimizer_key_env] if args.optimizer_key_env else None
-        url, model = args.optimizer_url, args.optimizer_model
-        critic = LLM(endpoint=url, model=args.critic_model or model, api_key=key)
-        editor = LLM(endpoint=url, model=args.editor_model or model, api_key=key)
-    return APO(
-        prompts=_read_prompts(args.prompt),
-        critic=critic,
-        editor=editor,
-        search=args.search,
-        beam_width=args.beam_width,
-        branch_factor=args.branch_factor,
-        proposals_per_step=args.proposals,
-        max_steps=args.steps or _STEPS["apo"],
-        gradient_batch_size=args.gradient_batch_size,
-        val_batch_size=args.val_batch_size,
-        max_rollouts=args.max_rollouts,
-        max_optimizer_calls=args.max_optimizer_calls,
-        max_seconds=args.max_seconds,
-        temperature=args.temperature,
-        seed=args.seed,
-    )
-
-
 def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
-    from fulgor import Trainer
+    from fulgor import RayRunners, Trainer
     from fulgor.engine.local import EngineConfig
     from fulgor.gateway import Upstream
 
@@ -680,6 +593,7 @@ def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
         n_runners=args.n_runners,
         max_concurrency=args.max_concurrency,
         runner_python=args.runner_python,
+        runners=RayRunners(address=args.ray_address) if args.runners == "ray" else None,
         resume=not args.no_resume,
         keep_checkpoints=args.keep_checkpoints,
         progress=sys.stderr.isatty(),

@@ -9,8 +9,10 @@ from a cache the old weights computed), a LoRA adapter through vLLM's runtime ad
 makes ``model_version`` N+1. Both admin routes exist only when vLLM runs with
 ``VLLM_SERVER_DEV_MODE=1`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which the supervisor
 sets; they let any client that reaches the port change the weights, so vLLM listens on loopback
-unless ``host`` says otherwise. Given ``url``, the server is one that runs already (started with
-those two variables): nothing is launched or stopped, it must list the model name clients send
+unless ``host`` says otherwise (its own processes then meet on loopback too, ``VLLM_HOST_IP``), and
+it sends no usage stats unless the environment says ``VLLM_NO_USAGE_STATS=0``. Given ``url``, the
+server is one that runs already (started with those two variables): nothing is launched or
+stopped, it must list the model name clients send
 (``GET /v1/models``), and it is made to serve ``model`` through its admin routes before anything
 else (a checkpoint directory reloaded in place, an adapter loaded), so a resumed run's calls are
 served by its newest weights whatever the server held before; reloads go to the same routes.
@@ -49,7 +51,7 @@ from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine._vllm_weights import reload_view
 from fulgor.engine.errors import ModelLoadError, VLLMError
 from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
-from fulgor.net.sockets import bind_socket
+from fulgor.net.sockets import bind_socket, is_loopback
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
 
@@ -129,6 +131,13 @@ def _environment(config: VLLMConfig) -> dict[str, str]:
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    # No usage report to vLLM's servers unless the user chose one (VLLM_NO_USAGE_STATS=0); vLLM
+    # itself also honours DO_NOT_TRACK=1, which reaches it with the rest of the environment.
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if is_loopback(config.host):
+        # vLLM's processes meet at VLLM_HOST_IP, else at the address of the default route, where
+        # they listen: a server on loopback keeps them there too.
+        env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     return env
 
 

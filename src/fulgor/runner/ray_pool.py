@@ -9,8 +9,13 @@ then kills them, so no actor outlives the pool.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import secrets
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from fulgor.agent.base import Runnable
@@ -18,7 +23,7 @@ from fulgor.errors import ConfigError
 from fulgor.runner.pool import PoolConfig, check_shared_store, load_agent
 from fulgor.runner.worker import Runner, RunnerConfig
 
-__all__ = ["RayRunnerPool", "require_ray"]
+__all__ = ["RayRunnerPool", "init_local_ray", "require_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,85 @@ def require_ray() -> Any:
     except ImportError as error:
         raise ConfigError("runners on Ray need Ray: pip install 'fulgor[ray]'") from error
     return ray
+
+
+_CLUSTERS_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_USAGE_STATS_SWITCH = "RAY_USAGE_STATS_ENABLED"
+_LOCAL_RAY_ENVIRONMENT = {
+    # Ray's own switch (meant for Windows and macOS) under which every Ray process takes loopback as
+    # its node address; on Linux Ray otherwise takes the address of the default route, connects to
+    # itself there and binds on every address. Ray reads it when it is imported.
+    _CLUSTERS_SWITCH: "0",
+    # No usage report to Ray's servers (unless the user chose: see init_local_ray).
+    _USAGE_STATS_SWITCH: "0",
+}
+"""The environment of a Ray instance fulgor starts on this machine."""
+
+
+def _usage_stats_chosen() -> bool:
+    """Whether the user chose Ray's usage stats, on or off: its environment variable, or the file
+    that ``ray enable-usage-stats`` and ``ray disable-usage-stats`` write."""
+    if _USAGE_STATS_SWITCH in os.environ:
+        return True
+    path = os.environ.get("RAY_USAGE_STATS_CONFIG_PATH") or os.path.expanduser("~/.ray/config.json")
+    try:
+        return json.loads(Path(path).read_text()).get("usage_stats") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while Ray is imported and starts its processes,
+    which inherit it; the environment as it was afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def init_local_ray(num_cpus: int | None, runtime_env: Mapping[str, Any]) -> None:
+    """Start a new Ray instance on this machine for this process (``ray.init("local")``, whatever
+    cluster this machine runs) that stays on loopback, and sends no usage report unless the user
+    turned Ray's usage stats on (``RAY_USAGE_STATS_ENABLED=1`` or ``ray enable-usage-stats``).
+
+    Every Ray process takes 127.0.0.1 as its node address, and listens and connects there only.
+    Ray reads the switch that does it when it is imported: where this process imported Ray before
+    without ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the instance takes this machine's network
+    address, and a warning says so; where this call imports it, this process's Ray keeps loopback
+    as its own address afterwards too (a cluster on other machines is joined from another
+    process). Ray's dashboard process still asks the cloud metadata servers which cloud it runs on
+    when it starts, usage stats or not (README: "What reaches the network"). Joining a cluster by
+    address is ``ray.init(address)`` as Ray has it."""
+    environment = dict(_LOCAL_RAY_ENVIRONMENT)
+    if _usage_stats_chosen():
+        del environment[_USAGE_STATS_SWITCH]
+    with _environment(environment):
+        ray = require_ray()
+        from ray._private import ray_constants
+
+        if ray_constants.ENABLE_RAY_CLUSTER:
+            logger.warning(
+                "Ray was imported before fulgor started its local Ray instance, without %s=0 in the "
+                "environment: the instance takes this machine's network address and listens there. "
+                "Set %s=0 before Ray is imported (or let fulgor import it) to keep it on loopback.",
+                _CLUSTERS_SWITCH,
+                _CLUSTERS_SWITCH,
+            )
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=dict(runtime_env),
+        )
 
 
 class _RunnerActor:

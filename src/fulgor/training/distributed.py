@@ -16,7 +16,11 @@ they take part in the update only (:func:`follow`). Rank 0 sends them each comma
   optimiser state into ``optimizer/`` (``torch.distributed.checkpoint``).
 - ``stop``: the run is over.
 
-The backend is gloo on the CPU and NCCL on CUDA GPUs (rank r on ``cuda:LOCAL_RANK``).
+The backend is gloo on the CPU and NCCL on CUDA GPUs (rank r on ``cuda:LOCAL_RANK``). Ranks on
+one machine that ``fulgor train --nproc`` starts (:func:`local_torchrun`) meet on loopback only:
+torchrun's rendezvous and the ranks' process group go through files of a folder of the run's
+(:class:`torch.distributed.FileStore`), not a TCP store, which listens on every address, and gloo
+connects the ranks over the loopback interface.
 
 What it does not know: rollouts, services or when to step (the trainer on rank 0 decides).
 """
@@ -29,6 +33,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZER_DIR",
+    "RANKS_STORE_ENV",
     "Ranks",
     "ShardedUpdater",
     "World",
@@ -55,6 +61,7 @@ __all__ = [
     "fit_on_ranks",
     "follow",
     "load_optimizer_shards",
+    "local_torchrun",
     "process_group",
     "refuse_ranks",
     "resume_unsharded",
@@ -67,6 +74,32 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_DIR = "optimizer"
 # How long a rank waits for the next command: rank 0 collects a step's rollouts meanwhile.
 COMMAND_TIMEOUT = datetime.timedelta(hours=24)
+RANKS_STORE_ENV = "FULGOR_RANKS_STORE"
+"""The file of the ranks' :class:`torch.distributed.FileStore`; without it they meet as torchrun
+says (``MASTER_ADDR`` and ``MASTER_PORT``: a TCP store)."""
+
+
+def local_torchrun(nproc: int, folder: Path) -> tuple[list[str], dict[str, str]]:
+    """torchrun's options (before the program) and the environment additions for ``nproc`` ranks on
+    this machine that keep to loopback: torchrun's rendezvous in a file of ``folder`` (torchrun's
+    ``--standalone`` one is a TCP store on every address) with no TCP store shared with the ranks,
+    their process group on a file of ``folder`` too (:data:`RANKS_STORE_ENV`), and gloo on the
+    loopback interface unless ``GLOO_SOCKET_IFNAME`` says otherwise. ``folder`` must be empty and
+    stay until the ranks end."""
+    options = [
+        "--nnodes=1", f"--nproc-per-node={nproc}", "--local-addr=127.0.0.1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={folder / 'rendezvous'}", "--rdzv-conf=store_type=file",
+    ]  # fmt: skip
+    environment = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", RANKS_STORE_ENV: str(folder / "ranks")}
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        environment["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+    return options, environment
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((name for name in names if name in ("lo", "lo0")), "lo")
 
 
 @dataclass(frozen=True)
@@ -145,7 +178,12 @@ def process_group(world: World, device: str) -> Iterator[str]:
             f"the update across processes runs on the CPU (gloo) or CUDA GPUs (NCCL), not on {resolved}; "
             "pass --device cpu or cuda"
         )
-    dist.init_process_group(backend, rank=world.rank, world_size=world.world_size, timeout=COMMAND_TIMEOUT)
+    store_file = os.environ.get(RANKS_STORE_ENV)
+    # torch.distributed re-exports FileStore from its C extension without naming it in __all__.
+    store = None if store_file is None else dist.FileStore(store_file, world.world_size)  # type: ignore[attr-defined]
+    dist.init_process_group(
+        backend, store=store, rank=world.rank, world_size=world.world_size, timeout=COMMAND_TIMEOUT
+    )
     try:
         yield resolved
     finally:

@@ -88,9 +88,11 @@ class RayRunners:
 
     ``address`` None starts a Ray instance on this machine for the session and shuts it down when
     the session ends (``num_cpus`` caps it; the actors take no CPU of Ray's accounting, so a
-    rollout's agent is not queued behind another's). An address (``"auto"``, ``"HOST:6379"``,
-    ``"ray://HOST:10001"``) joins a running cluster for the session and leaves it running. A Ray
-    instance the process had already started (``ray.init`` before the trainer) is used as it is.
+    rollout's agent is not queued behind another's); it stays on loopback and sends Ray no usage
+    report unless the user turned Ray's usage stats on (:func:`~fulgor.runner.ray_pool.init_local_ray`).
+    An address (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``) joins a running cluster for the
+    session and leaves it running. A Ray instance the process had already started (``ray.init``
+    before the trainer) is used as it is.
     ``runtime_env`` goes to ``ray.init``; its ``env_vars`` gain a ``PYTHONPATH`` of the trainer's
     ``sys.path``, so that the actors import the agent as the trainer did. An agent that another
     process cannot import by name (an instance with state) is sent to the actors pickled.
@@ -485,27 +487,31 @@ class RayRunnerGroup:
     def __init__(
         self, backend: RayRunners, agent: Runnable | str, store_url: str, config: PoolConfig
     ) -> None:
-        from fulgor.runner.ray_pool import RayRunnerPool, require_ray
+        from fulgor.runner.ray_pool import RayRunnerPool, init_local_ray, require_ray
 
-        ray = require_ray()
-        self._ray = ray
         self._owns_ray = False
-        if not ray.is_initialized():
+        # Ray is imported only once it is known whether to start it: a local instance stays on
+        # loopback only when its switch is set before the import (init_local_ray).
+        ray_module = sys.modules.get("ray")
+        if ray_module is None or not ray_module.is_initialized():
             path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
             runtime_env = dict(backend.runtime_env)
             runtime_env["env_vars"] = {"PYTHONPATH": path, **dict(runtime_env.get("env_vars") or {})}
-            ray.init(
-                # "local": a new instance even where a cluster of this machine runs (ray.init alone
-                # would join that cluster, or fail on one that ended without its address file).
-                address=backend.address or "local",
-                num_cpus=backend.num_cpus if backend.address is None else None,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env=runtime_env,
-            )
+            if backend.address is None:
+                # A new instance even where a cluster of this machine runs (ray.init alone would
+                # join that cluster, or fail on one that ended without its address file).
+                init_local_ray(backend.num_cpus, runtime_env)
+            else:
+                require_ray().init(
+                    address=backend.address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env=runtime_env,
+                )
             # Shut down when the session ends: a local instance stops, a cluster joined by address
             # is only left (this process's driver disconnects; the cluster runs on).
             self._owns_ray = True
+        self._ray = require_ray()
         where = "a local Ray instance" if backend.address is None else f"the Ray cluster at {backend.address}"
         name = agent if isinstance(agent, str) else repr(agent.name)
         self.description = f"{config.n_runners} Ray runner actor(s) for agent {name} on {where}"

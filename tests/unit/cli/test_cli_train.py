@@ -166,6 +166,14 @@ REFUSED = {
         ["--train", "tasks.jsonl", "--upstream-model", "gpt"],
         "--upstream-model, --upstream-key-env and --no-token-ids go with --upstream URL",
     ),
+    "ray address without ray runners": (
+        ["--train", "tasks.jsonl", "--ray-address", "auto"],
+        "--ray-address names the Ray cluster of --runners ray",
+    ),
+    "ray runners on another python": (
+        ["--train", "tasks.jsonl", "--runners", "ray", "--runner-python", sys.executable],
+        "pass one of --runners ray and --runner-python",
+    ),
     "agent object not an agent": (
         ["--train", "tasks.jsonl", "--agent", "{agent}:not_an_agent"],
         "not an agent",
@@ -436,6 +444,34 @@ def test_a_task_is_any_json_value_and_reaches_the_agent_as_written(tmp_path: Pat
 
 
 # -- real runs on a tiny model ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "address"), [([], None), (["--ray-address", "auto"], "auto")])
+def test_ray_runners_reach_the_trainer(
+    folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    address: str | None,
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("ray", reason="the ray extra is installed by make test")
+    from fulgor import RayRunners, Trainer
+    from fulgor.training.reports import DevReport
+
+    built: list[Trainer] = []
+
+    def dev(self: Trainer, agent: Any, tasks: Any) -> DevReport:  # the trainer as built, not run
+        built.append(self)
+        return DevReport(rollouts=[])
+
+    monkeypatch.setattr(Trainer, "dev", dev)
+    module = (folder / "module.txt").read_text()
+    argv = ["train", "--agent", f"{module}:solve", "--train", "tasks.jsonl", "--model", "model", "--dev"]
+    assert main([*argv, "--runners", "ray", *args]) == 0, capsys.readouterr().err
+    assert built[0].runners == RayRunners(address=address)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert built[1].runners is None  # runner processes by default
 
 
 @pytest.fixture(scope="module")

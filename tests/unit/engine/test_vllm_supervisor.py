@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -103,6 +104,24 @@ def test_start_waits_until_healthy(server: VLLMServer, tmp_path: Path) -> None:
     launch = _events(tmp_path / "stand_in.jsonl")[0]
     assert launch["argv"][:2] == ["serve", str(tmp_path / "base")]
     assert _flag(launch["argv"], "--port") == str(server.port)
+
+
+def test_vllm_on_loopback_keeps_its_processes_there_and_reports_no_usage(tmp_path: Path) -> None:
+    with VLLMServer(_config(tmp_path, enable_lora=False)):
+        pass
+    [launch] = _events(tmp_path / "stand_in.jsonl")
+    # DO_NOT_TRACK, which vLLM honours, reaches it with the rest of the environment (the test
+    # session sets it for every process it starts).
+    assert launch["env"] == {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def test_a_users_own_choices_for_vllm_are_kept(tmp_path: Path) -> None:
+    chosen = {"VLLM_NO_USAGE_STATS": "0", "VLLM_HOST_IP": "10.0.0.5"}
+    config = _config(tmp_path, enable_lora=False)
+    with VLLMServer(dataclasses.replace(config, env={**config.env, **chosen})):
+        pass
+    [launch] = _events(tmp_path / "stand_in.jsonl")
+    assert (launch["env"]["VLLM_NO_USAGE_STATS"], launch["env"]["VLLM_HOST_IP"]) == ("0", "10.0.0.5")
 
 
 def test_a_crashed_server_is_restarted(server: VLLMServer, tmp_path: Path) -> None:

@@ -78,7 +78,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str]) -> int:
     global _SERVED
-    _log({"event": "launch", "argv": argv})
+    telling = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP")  # what keeps vLLM to itself
+    _log({"event": "launch", "argv": argv, "env": {name: os.environ.get(name) for name in telling}})
     _SERVED = argv[argv.index("--served-model-name") + 1]
     if os.environ.get("STAND_IN_FAIL_START") == "1":
         print("cannot load the model", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 
 import pytest
@@ -37,8 +39,15 @@ def test_a_taken_port_is_a_port_in_use_error_with_the_remedy() -> None:
         taken.close()
 
 
-def test_an_address_that_cannot_be_bound_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="check --host and --port"):
+def test_an_address_that_cannot_be_bound_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An address of no interface of this machine: the kernel's answer, without binding beyond loopback.
+    def refuse(sock: socket.socket, address: object) -> None:
+        raise OSError(errno.EADDRNOTAVAIL, os.strerror(errno.EADDRNOTAVAIL))
+
+    monkeypatch.setattr(socket.socket, "bind", refuse)
+    with pytest.raises(
+        ConfigError, match=r"cannot listen on 192\.0\.2\.1:0: Cannot assign requested address"
+    ):
         bind_socket("192.0.2.1", 0)
 
 

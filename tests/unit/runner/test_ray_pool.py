@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from fulgor.errors import ConfigError
@@ -23,3 +26,33 @@ def test_worker_ids_are_unique_across_pools() -> None:
 def test_an_in_memory_store_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"sqlite:///.*fulgor serve"):
         RayRunnerPool(AGENT, "memory://")
+
+
+@pytest.mark.parametrize(
+    ("variable", "config", "chosen"),
+    [
+        (None, None, False),  # Ray's default (on): not the user's choice, so a local instance turns it off
+        ("1", None, True),
+        ("0", None, True),
+        (None, {"usage_stats": True}, True),  # ray enable-usage-stats
+        (None, {"usage_stats": False}, True),
+        (None, {"other": 1}, False),
+    ],
+)
+def test_usage_stats_are_the_users_choice_only_when_they_made_one(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str | None,
+    config: dict[str, object] | None,
+    chosen: bool,
+) -> None:
+    from fulgor.runner.ray_pool import _usage_stats_chosen
+
+    monkeypatch.delenv("RAY_USAGE_STATS_ENABLED", raising=False)
+    if variable is not None:
+        monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", variable)
+    config_path = tmp_path / "config.json"
+    monkeypatch.setenv("RAY_USAGE_STATS_CONFIG_PATH", str(config_path))
+    if config is not None:
+        config_path.write_text(json.dumps(config))
+    assert _usage_stats_chosen() is chosen

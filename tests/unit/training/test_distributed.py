@@ -28,7 +28,13 @@ from fulgor.engine.loading import load_model
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
 from fulgor.training.checkpoints import Policy, load_policy, load_training_state
-from fulgor.training.distributed import OPTIMIZER_DIR, check_shardable, resume_unsharded, world_from_env
+from fulgor.training.distributed import (
+    OPTIMIZER_DIR,
+    check_shardable,
+    local_torchrun,
+    resume_unsharded,
+    world_from_env,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 HERE = Path(__file__).resolve().parent
@@ -45,10 +51,13 @@ def run_ranks(base: Path, jobs: list[dict[str, Any]], out: Path, device: str = "
     """``sharded_steps.py`` under torchrun with two ranks on ``device``, running ``jobs`` in turn."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "jobs.json").write_text(json.dumps({"base": str(base), "jobs": jobs, "device": device}))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    folder = out / "ranks"  # where they meet: on loopback only, as fulgor train --nproc's ranks do
+    folder.mkdir()
+    options, environment = local_torchrun(2, folder)
+    env = {**os.environ, **environment, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        sys.executable, "-m", "torch.distributed.run", *options,
         str(HERE / "sharded_steps.py"), str(out / "jobs.json"),
     ]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
