@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.calc.train import DemoAgent, DemoResult, run_demo  # noqa: E402
 from examples.calc_autogen.train import autogen_demo_agent  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
@@ -48,6 +49,7 @@ TARGET_FACTOR = 3.0
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps per run (at most)")

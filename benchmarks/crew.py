@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.crew.train import SIZES, run_crew  # noqa: E402
 from examples.crew.warm_start import WarmStartConfig  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
@@ -52,6 +53,7 @@ def third_means(rewards: list[float]) -> tuple[float, float]:
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps at most")

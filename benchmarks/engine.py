@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import torch
 
+from _offline import go_offline
 from fulgor.engine.app import create_app
 from fulgor.engine.local import EngineConfig, LocalEngine
 from fulgor.engine.models import init_model
@@ -150,6 +151,7 @@ def result_line(rows: list[Row]) -> str:
 
 
 def main() -> None:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

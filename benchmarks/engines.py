@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from _offline import go_offline
 from fulgor.engine.app import create_app
 from fulgor.engine.errors import VLLMError
 from fulgor.engine.local import EngineConfig, LocalEngine
@@ -234,6 +235,7 @@ def result_line(rows: list[Row]) -> str:
 
 
 def main() -> None:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from _agentlightning_gateway import start_agentlightning
+from _offline import go_offline
 from fulgor.net.http_client import HttpClient
 from store import ensure_agentlightning
 
@@ -335,6 +336,7 @@ def result_line(results: list[Result]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.calc.train import run_demo  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
 
@@ -38,6 +39,7 @@ PROBLEMS = DriftReport.LOSSES
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps per seed (at most; 5 minutes)")

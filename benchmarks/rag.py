@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.rag.train import SIZES, run_demo  # noqa: E402
 from examples.rag.warm_start import WarmStartConfig  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
@@ -48,6 +49,7 @@ def lost_tokens(run_dir: Path) -> int:
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="GRPO steps (at most; 285 s)")

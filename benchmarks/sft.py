@@ -50,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.calc.agent import calc_agent  # noqa: E402
 from examples.calc.dataset import make_splits  # noqa: E402
 from examples.calc.train import MODEL_NAME, demo_grpo, run_demo  # noqa: E402
@@ -311,6 +312,7 @@ def learning(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--parts", nargs="+", choices=("learning", "throughput"), default=["learning", "throughput"]

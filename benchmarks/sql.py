@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _offline import go_offline  # noqa: E402
 from examples.sql.train import ADAPTERS, DEFAULT_AGENT_MATCH, SIZES, calls_not_matched, run_demo  # noqa: E402
 from examples.sql.warm_start import WarmStartConfig  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
@@ -100,6 +101,7 @@ def side_row(run_dir: Path, side: Side, result: Any) -> dict[str, Any]:
 
 
 def main() -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="GRPO steps per side (at most; 9.5 minutes)")

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from _agentlightning_store import WORKER_ID, task_input
+from _offline import go_offline
 from fulgor.store.client import StoreClient
 from fulgor.types import RolloutRequest
 from store import (
@@ -273,6 +274,7 @@ def _result_line(fulgor: list[Backend], agl: Backend, agl_ids: Backend, rollouts
 
 
 def main(argv: list[str] | None = None) -> None:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per backend and pass; the median counts")
     parser.add_argument("--rollouts", type=int, default=300, help="rollouts per pass")

@@ -41,6 +41,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from _offline import go_offline
+from fulgor.training.distributed import local_torchrun
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -51,13 +54,13 @@ def run_configuration(options: dict[str, Any], folder: Path) -> dict[str, Any]:
     worker = str(HERE / "_update_nproc_worker.py")
     env = {**os.environ, "OMP_NUM_THREADS": str(options["threads"])}
     env.pop("WORLD_SIZE", None)
-    if options["nproc"] == 1:
-        command = [sys.executable, worker, str(path)]
-    else:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={options['nproc']}", worker, str(path),
-        ]  # fmt: skip
+    command = [sys.executable, worker, str(path)]
+    if options["nproc"] > 1:  # the ranks of fulgor train --nproc, meeting on loopback only
+        ranks = folder / f"ranks-{path.stem}"
+        ranks.mkdir()
+        torchrun, environment = local_torchrun(options["nproc"], ranks)
+        command = [sys.executable, "-m", "torch.distributed.run", *torchrun, worker, str(path)]
+        env.update(environment)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT_JSON ")]
     if result.returncode != 0 or not lines:
@@ -73,6 +76,7 @@ def name(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="small", choices=("tiny", "small"))
     parser.add_argument("--steps", type=int, default=3)
