@@ -34,7 +34,9 @@ if ! pg_ctlcluster "$VERSION" "$CLUSTER" status >/dev/null 2>&1; then
   pg_ctlcluster "$VERSION" "$CLUSTER" start >&2
 else
   # Running, yet nobody answers on this loopback (pg_isready's status 2): the server was started in
-  # another network namespace (by apt, or before .ci/run entered its own). Started again here.
+  # another network namespace (by apt, or before .ci/run entered its own). Started again here,
+  # where it then stays: outside this namespace it is reached again only after another restart
+  # there. (Run as root: pg_ctlcluster switches to the postgres user.)
   answered=0
   pg_isready -q -h 127.0.0.1 -p "$PORT" || answered=$?
   if [ "$answered" -eq 2 ]; then

@@ -7,7 +7,8 @@ Usage::
         [--repeats 1]
 
 Every configuration runs in fresh processes (``benchmarks/_update_nproc_worker.py``: directly for one
-process, under ``torch.distributed.run --standalone`` for two ranks) on the same locally built Llama
+process, under ``torch.distributed.run`` for two ranks, meeting on loopback as ``fulgor train
+--nproc``'s do) on the same locally built Llama
 (``init_model``) and the same batch (``--groups`` prompts of 48-80 tokens x ``--group-size``
 completions of 32-128 tokens, ids and lengths drawn once, seeded), micro-batches of
 ``--micro-batch`` rows. The cores are shared out: one process gets ``--cores`` torch threads, each of

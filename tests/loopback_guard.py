@@ -13,9 +13,13 @@ and ::1), and look up no name in DNS. Two parts keep it so:
   name is refused with an ``OSError`` and fails the test that made it, naming the address, even
   where the code that made the call swallowed the error.
 
-Processes the tests start are outside the audit hook's reach; ``tests/integration/test_loopback.py``
-records every connect, bind and send of Ray, a Trainer on Ray runners and Chromium with strace in a
-network namespace of their own, and ``.ci/run`` runs the suites in such a namespace.
+The hook sees the socket calls Python code makes in the test process only: processes the tests
+start, and native code in the test process (Ray's core worker, gloo), are outside its reach;
+``tests/integration/test_loopback.py`` records every connect, bind and send of ``fulgor train
+--runners ray`` and Chromium with strace in a network namespace of their own, and ``.ci/run`` runs
+the suites in such a namespace. A call is charged to the test that was running when it was made,
+and one made by a fixture shared across tests (a module's, the session's) as it is torn down to the
+next test that finishes.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def beyond_loopback(host: str | bytes | None) -> bool:
 
 
 _INET = (socket.AF_INET, socket.AF_INET6)
-_LOOKUPS = ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex", "socket.gethostbyaddr")
+# gethostbyname_ex raises socket.gethostbyname's event too.
+_LOOKUPS = ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr")
 
 
 def _reach(event: str, args: tuple[Any, ...]) -> str | None:

@@ -3,7 +3,7 @@ the endpoints beyond loopback read back from the record, each with the process t
 
 ``.ci/loopback-only --trace FILE COMMAND`` makes the namespace (loopback, plus 10.255.0.1 and
 fd00:255::1 on the loopback device with default routes through it, so that nothing can leave) and
-runs the command under strace. :func:`beyond_loopback` reads that record: a connect, bind or send to
+runs the command under strace. :func:`endpoints_beyond_loopback` reads that record: a connect, bind or send to
 an address outside 127.0.0.0/8 and ::1 (the wildcard addresses included), or anything sent to port
 53 (a DNS query, wherever the resolver is). The one exception is named in :data:`ROUTE_CHECKS`: a
 datagram socket connected (nothing sent) to learn a route, which no switch of its program turns
@@ -40,7 +40,8 @@ ROUTE_CHECKS = {
     "service whatever its switches say",
 }
 """Datagram sockets connected beyond loopback only to ask the kernel which route it would take:
-nothing is sent (a datagram sent there is still found, as any send is)."""
+nothing is sent (a datagram sent there with send, sendto or sendmsg is still found; write is not
+recorded: the namespace keeps it in)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _program(args: str) -> str | None:
     return " ".join(shown[:4]) or match["path"]
 
 
-def beyond_loopback(trace: str) -> list[Endpoint]:
+def endpoints_beyond_loopback(trace: str) -> list[Endpoint]:
     """Every connect, bind and send of a strace record (``-f -Y``) that left loopback or asked DNS,
     each named by the program its process ran (from its last execve) or else its name."""
     programs: dict[int, str] = {}
@@ -117,9 +118,9 @@ def beyond_loopback(trace: str) -> list[Endpoint]:
     return found
 
 
-def namespace_unavailable(trace: bool = True) -> str | None:
+def namespace_unavailable() -> str | None:
     """Why a traced loopback-only namespace cannot be made here, or None when it can."""
-    command = [str(LOOPBACK_ONLY), *(["--trace", "/dev/null"] if trace else []), "true"]
+    command = [str(LOOPBACK_ONLY), "--trace", "/dev/null", "true"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     if done.returncode == 0:
         return None
@@ -146,7 +147,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tests.loopback_support STRACE_FILE", file=sys.stderr)
         return 2
-    found = beyond_loopback(Path(argv[0]).read_text(errors="replace"))
+    found = endpoints_beyond_loopback(Path(argv[0]).read_text(errors="replace"))
     for endpoint in found:
         print(endpoint)
     print(f"{len(found)} connect(s), bind(s) or send(s) beyond loopback", file=sys.stderr)

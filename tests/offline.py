@@ -8,7 +8,7 @@ version check, W&B, the OpenAI Agents SDK's trace export) and HTTP proxies on a 
 nothing listens, loopback exempt: a request a library makes to the internet on its own (Ray's
 dashboard asks the cloud metadata servers at every start, usage stats on or off) is refused on
 this machine, its host never looked up. Installs need the network: :func:`online` is an
-environment without those proxies, for pip.
+environment with the proxies it had before instead, for pip.
 
 The test session applies it in ``tests/loopback_guard.py``; each benchmark at the start of its
 ``main``. Nothing here imports pytest.
@@ -16,11 +16,12 @@ The test session applies it in ``tests/loopback_guard.py``; each benchmark at th
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
 
-__all__ = ["LOOPBACK_NAMES", "OFFLINE_ENVIRONMENT", "go_offline", "online"]
+__all__ = ["LOOPBACK_NAMES", "OFFLINE_ENVIRONMENT", "go_offline", "offline_part", "online"]
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 """Names that resolve from /etc/hosts to loopback, never through DNS."""
@@ -81,18 +82,30 @@ def proxy_environment(port: int) -> dict[str, str]:
     }
 
 
-_PROXIES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+_PROXIES = frozenset(proxy_environment(0))
+_SAVED = "FULGOR_OFFLINE_SAVED_PROXIES"  # the proxies the environment had before go_offline, as JSON
 
 
 def go_offline() -> socket.socket:
     """Set the offline environment in this process's ``os.environ``, for it and every process it
     starts; the socket holding the closed proxy port, which the caller keeps while it runs."""
     closed = closed_loopback_port()
+    if _SAVED not in os.environ:
+        saved = {name: value for name, value in os.environ.items() if name in _PROXIES}
+        os.environ[_SAVED] = json.dumps(saved)
     os.environ.update({**OFFLINE_ENVIRONMENT, **proxy_environment(closed.getsockname()[1])})
     return closed
 
 
 def online(environment: Mapping[str, str]) -> dict[str, str]:
-    """``environment`` without the closed proxies: for an install, which needs the network."""
-    names = {*_PROXIES, *(name.upper() for name in _PROXIES)}
-    return {name: value for name, value in environment.items() if name not in names}
+    """``environment`` with the proxies it had before :func:`go_offline` instead of the closed
+    ones: for an install, which needs the network (through the user's own proxy, if any)."""
+    kept = {name: value for name, value in environment.items() if name not in _PROXIES and name != _SAVED}
+    return {**kept, **json.loads(environment.get(_SAVED, "{}"))}
+
+
+def offline_part(environment: Mapping[str, str]) -> dict[str, str]:
+    """The offline switches and proxies of ``environment``: for a process started with an
+    environment of its own choosing (a few variables), so that it stays offline too."""
+    names = {*OFFLINE_ENVIRONMENT, *_PROXIES}
+    return {name: value for name, value in environment.items() if name in names}

@@ -105,7 +105,7 @@ def test_a_prompt_entry_must_be_name_equals_file(capsys: pytest.CaptureFixture[s
 
 
 def test_a_prompt_file_ending_in_j2_or_jinja_is_a_jinja_template(tmp_path: Path) -> None:
-    from fulgor.cli.train import _read_prompts
+    from fulgor.cli._apo import _read_prompts
 
     (tmp_path / "a.j2").write_text("Solve {{ q }}.\n")
     (tmp_path / "b.jinja").write_text("Then {{ q }}.")

@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 import torch
 from gateway_support import GatewayEnv, gateway_env
 from tests.engine_support import assert_sampled_by
+from tests.offline import offline_part
 
 from fulgor import semconv
 from fulgor.engine.app import create_app
@@ -141,15 +142,14 @@ def agent_environment(base_url: str) -> dict[str, str]:
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT")}
     return {
         **keep,
+        # The frameworks' own telemetry would try to reach their vendors' servers.
+        **offline_part(os.environ),
+        "OTEL_SDK_DISABLED": "true",
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": "attempt-credential",
         "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
         "ANTHROPIC_API_KEY": "attempt-credential",
         "FULGOR_MODEL": MODEL,
-        # The frameworks' own telemetry would try to reach their vendors' servers.
-        "CREWAI_DISABLE_TELEMETRY": "true",
-        "OTEL_SDK_DISABLED": "true",
-        "ANONYMIZED_TELEMETRY": "false",
     }
 
 

@@ -18,10 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.loopback_support import ROOT, beyond_loopback, namespace_unavailable, run_traced
+from tests.loopback_support import ROOT, endpoints_beyond_loopback, namespace_unavailable, run_traced
 
 from examples.calc.dataset import make_splits
 from fulgor.store.sqlite import SqliteStore
+
+# Each runs a traced command of up to 10 minutes (a Trainer on Ray under strace, on busy cores).
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,7 +35,7 @@ def traced_namespace() -> None:
 
 
 def assert_on_loopback(trace: str) -> None:
-    found = beyond_loopback(trace)
+    found = endpoints_beyond_loopback(trace)
     assert not found, f"{len(found)} beyond loopback, the first:\n" + "\n".join(map(str, found[:20]))
 
 

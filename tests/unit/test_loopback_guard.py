@@ -4,13 +4,14 @@ test that reaches beyond loopback (even when the test swallows the error), and t
 
 from __future__ import annotations
 
+import contextlib
 import os
+from unittest import mock
 
 import pytest
 from tests.loopback_guard import beyond_loopback
-from tests.loopback_support import ROOT
-from tests.loopback_support import beyond_loopback as read_trace
-from tests.offline import OFFLINE_ENVIRONMENT, online
+from tests.loopback_support import ROOT, endpoints_beyond_loopback
+from tests.offline import OFFLINE_ENVIRONMENT, go_offline, offline_part, online
 
 pytest_plugins = ["pytester"]
 
@@ -43,9 +44,22 @@ def test_the_session_runs_offline() -> None:
     proxy = os.environ["https_proxy"]
     assert proxy.startswith("http://127.0.0.1:")
     assert "127.0.0.1" in os.environ["no_proxy"].split(",")
-    installing = online(os.environ)  # pip's environment: the switches, no closed proxy
-    assert not {"https_proxy", "HTTPS_PROXY", "no_proxy"} & set(installing)
+    installing = online(os.environ)  # pip's environment: the switches, the proxies from before
+    assert installing.get("https_proxy") != proxy
     assert installing["HF_HUB_OFFLINE"] == "1"
+
+
+def test_an_install_gets_the_proxies_the_environment_had_before() -> None:
+    environment = {"PATH": "/bin", "https_proxy": "http://proxy.example:3128"}
+    with mock.patch.dict(os.environ, environment, clear=True), contextlib.closing(go_offline()):
+        assert os.environ["https_proxy"].startswith("http://127.0.0.1:")
+        installing = online(os.environ)
+        assert installing["https_proxy"] == "http://proxy.example:3128"
+        assert "http_proxy" not in installing
+        assert "no_proxy" not in installing
+        # A program started with a few variables of its own keeps the offline ones.
+        assert offline_part(os.environ)["DO_NOT_TRACK"] == "1"
+        assert offline_part(os.environ)["https_proxy"] == os.environ["https_proxy"]
 
 
 # Each swallows the error the guard raises: they would pass, were it not for the guard.
@@ -111,7 +125,7 @@ TRACE = """\
 
 
 def test_the_strace_reader_finds_each_endpoint_beyond_loopback_and_its_process() -> None:
-    assert [str(endpoint) for endpoint in read_trace(TRACE)] == [
+    assert [str(endpoint) for endpoint in endpoints_beyond_loopback(TRACE)] == [
         "python3 serve.py (pid 100): bind :: port 0",
         "python3 serve.py (pid 100): connect 169.254.169.254 port 80",
         "python3 serve.py (pid 100): a DNS query to 127.0.0.53 port 53",  # a resolver on loopback too

@@ -207,6 +207,12 @@ def register(subparsers: Any) -> None:
         help="teacher transcripts per step with --from-run (default 32)",
     )
     add_apo_arguments(parser)
+    _add_system_arguments(parser, grpo)
+    parser.set_defaults(handler=_run)
+
+
+def _add_system_arguments(parser: argparse.ArgumentParser, grpo: Any) -> None:
+    """The runners, the device, the update across processes (into ``grpo`` too) and checkpoints."""
     system = parser.add_argument_group("system")
     system.add_argument("--n-runners", type=positive_int, default=2, metavar="N", help="runners (default 2)")
     system.add_argument(
@@ -251,7 +257,6 @@ def register(subparsers: Any) -> None:
         help="keep the newest N checkpoints and the one with the best validation accuracy, deleting "
         "the others as training goes (default 2; 0 keeps every one)",
     )
-    parser.set_defaults(handler=_run)
 
 
 @dataclass(frozen=True)

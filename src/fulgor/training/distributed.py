@@ -17,10 +17,10 @@ they take part in the update only (:func:`follow`). Rank 0 sends them each comma
 - ``stop``: the run is over.
 
 The backend is gloo on the CPU and NCCL on CUDA GPUs (rank r on ``cuda:LOCAL_RANK``). Ranks on
-one machine that ``fulgor train --nproc`` starts (:func:`local_torchrun`) meet on loopback only:
-torchrun's rendezvous and the ranks' process group go through files of a folder of the run's
+one machine that ``fulgor train --nproc`` starts (:func:`local_torchrun`) meet without the network:
+torchrun's rendezvous and the ranks' process group go through files of a folder
 (:class:`torch.distributed.FileStore`), not a TCP store, which listens on every address, and gloo
-connects the ranks over the loopback interface.
+connects the ranks over the loopback interface (NCCL picks its own, ``NCCL_SOCKET_IFNAME``).
 
 What it does not know: rollouts, services or when to step (the trainer on rank 0 decides).
 """

@@ -106,12 +106,16 @@ def test_start_waits_until_healthy(server: VLLMServer, tmp_path: Path) -> None:
     assert _flag(launch["argv"], "--port") == str(server.port)
 
 
-def test_vllm_on_loopback_keeps_its_processes_there_and_reports_no_usage(tmp_path: Path) -> None:
+def test_vllm_on_loopback_keeps_its_processes_there_and_reports_no_usage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not the test session's offline switches: the supervisor's own defaults.
+    for name in ("VLLM_NO_USAGE_STATS", "VLLM_HOST_IP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DO_NOT_TRACK", "1")  # a user's, which vLLM honours: it reaches the server
     with VLLMServer(_config(tmp_path, enable_lora=False)):
         pass
     [launch] = _events(tmp_path / "stand_in.jsonl")
-    # DO_NOT_TRACK, which vLLM honours, reaches it with the rest of the environment (the test
-    # session sets it for every process it starts).
     assert launch["env"] == {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1"}
 
 
