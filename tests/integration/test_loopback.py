@@ -1,9 +1,9 @@
 """What the tests start stays on loopback, recorded from outside: ``fulgor train --runners ray`` (a
-Trainer on a Ray instance it starts on this machine), and Chromium as the browser tests drive it,
-each run in a network namespace of its own with one non-loopback address (``.ci/loopback-only``)
-under strace; every connect, bind and DNS send of them and their children is read back, and any
-that left loopback fails the test with the process that made it. Where namespaces or strace are
-missing, the tests skip and say why.
+Trainer on a Ray instance it starts on this machine), the ranks of ``fulgor train --nproc``, and
+Chromium as the browser tests drive it, each run in a network namespace of its own with one
+non-loopback address (``.ci/loopback-only``) under strace; every connect, bind and DNS send of them
+and their children is read back, and any that left loopback fails the test with the process that
+made it. Where namespaces or strace are missing, the tests skip and say why.
 
 The audit hook of ``tests/loopback_guard.py`` sees only the test process; these see everything.
 """
@@ -85,6 +85,23 @@ def test_fulgor_train_on_ray_runners_stays_on_loopback(tmp_path: Path) -> None:
     # And Ray was told to send no usage report: its dashboard says so in the session's log.
     [session] = session_dirs(trace)
     assert "Usage reporting is disabled" in (session / "logs" / "dashboard.log").read_text()
+
+
+def test_the_ranks_of_nproc_meet_on_loopback_only(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from fulgor.training.distributed import local_torchrun
+
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    options, environment = local_torchrun(2, folder)
+    env = {**os.environ, **environment, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", *options, "-m", "tests.integration.two_ranks"]
+    trace_file = tmp_path / "strace.log"
+    done = run_traced(command, trace_file, timeout_seconds=600, env=env, cwd=ROOT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert sorted(re.findall(r"rank \d: 2\.0", done.stdout)) == ["rank 0: 2.0", "rank 1: 2.0"]
+    assert_on_loopback(trace_file.read_text(errors="replace"))
 
 
 def test_chromium_as_the_browser_tests_drive_it_stays_on_loopback(tmp_path: Path) -> None:

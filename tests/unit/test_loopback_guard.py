@@ -4,6 +4,7 @@ test that reaches beyond loopback (even when the test swallows the error), and t
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 from unittest import mock
@@ -135,3 +136,12 @@ def test_the_strace_reader_finds_each_endpoint_beyond_loopback_and_its_process()
         "worker (pid 102): sendto 8.8.8.8 port 80",  # sent on the connected socket
         "Chrome_ChildIOT (pid 103): connect 2001:4860:4860::8888 port 443",  # TCP: not a route check
     ]
+
+
+def test_every_benchmark_goes_offline_first() -> None:
+    scripts = sorted((ROOT / "benchmarks").glob("[!_]*.py"))
+    assert len(scripts) > 10
+    for script in scripts:
+        tree = ast.parse(script.read_text())
+        [main] = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
+        assert ast.unparse(main.body[0]) == "_closed_proxy = go_offline()", script.name

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +58,42 @@ def test_usage_stats_are_the_users_choice_only_when_they_made_one(
     if config is not None:
         config_path.write_text(json.dumps(config))
     assert _usage_stats_chosen() is chosen
+
+
+def test_a_local_instance_starts_with_its_switches_and_leaves_the_environment_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What ``ray.init`` is given and runs with (the instance itself: tests/integration/test_loopback.py),
+    and the warning when Ray was imported without the loopback switch."""
+    ray = pytest.importorskip("ray", reason="the ray extra is installed by make test")
+    from ray._private import ray_constants
+
+    from fulgor.runner import ray_pool
+
+    seen: list[tuple[dict[str, Any], dict[str, str | None]]] = []
+
+    def init(**options: Any) -> None:  # records instead of starting Ray
+        names = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")
+        seen.append((options, {name: os.environ.get(name) for name in names}))
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.delenv("RAY_USAGE_STATS_ENABLED", raising=False)
+    monkeypatch.setenv("RAY_USAGE_STATS_CONFIG_PATH", "/nonexistent/config.json")
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # as when imported with the switch
+    ray_pool.init_local_ray(2, {"env_vars": {"A": "1"}})
+    [(options, environment)] = seen
+    assert options["address"] == "local"
+    assert options["_node_ip_address"] == "127.0.0.1"
+    assert (options["num_cpus"], options["runtime_env"]) == (2, {"env_vars": {"A": "1"}})
+    assert environment == {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ  # as it was after
+    assert "RAY_USAGE_STATS_ENABLED" not in os.environ
+    assert not caplog.records
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "1")  # the user's choice is kept
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)  # Ray imported without the switch
+    ray_pool.init_local_ray(None, {})
+    assert seen[1][1]["RAY_USAGE_STATS_ENABLED"] == "1"
+    [warning] = caplog.records
+    assert "takes this machine's network address" in warning.getMessage()
