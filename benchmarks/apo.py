@@ -86,7 +86,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import _agentlightning_apo as agl_side  # noqa: E402
-from _offline import go_offline, online  # noqa: E402
+from _offline import go_offline  # noqa: E402
 from examples.rooms import agent as rooms_agent  # noqa: E402
 from examples.rooms import tools as rooms_tools  # noqa: E402
 from examples.rooms.dataset import make_splits  # noqa: E402
@@ -189,7 +189,7 @@ def ensure_apo_agentlightning() -> Path:
         print(f"installing agentlightning[apo]=={AGL_VERSION} (log: {log_path}) ...", file=sys.stderr)
         with log_path.open("w") as log:
             command = [str(python), "-m", "pip", "install", f"agentlightning[apo]=={AGL_VERSION}"]
-            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=online(env), check=True)
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
         if subprocess.run(probe, capture_output=True, env=env, check=False).returncode != 0:
             raise RuntimeError(f"poml is not importable by {python}; see {log_path}")
     return python
@@ -400,7 +400,7 @@ def _result_line(beam: Side, pareto: Side, agl: Side | None, budget: int) -> tup
 
 
 def main(argv: list[str] | None = None) -> None:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--vs-agentlightning",

@@ -49,7 +49,7 @@ TARGET_FACTOR = 3.0
 
 
 def main() -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps per run (at most)")

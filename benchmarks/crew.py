@@ -53,7 +53,7 @@ def third_means(rewards: list[float]) -> tuple[float, float]:
 
 
 def main() -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--steps", type=int, default=150, help="GRPO steps at most")

@@ -89,7 +89,7 @@ def response_rollouts(page: str) -> int:
 
 
 def main() -> None:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=9)

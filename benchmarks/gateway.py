@@ -336,7 +336,7 @@ def result_line(results: list[Result]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -96,7 +96,7 @@ from typing import Any
 import torch
 
 import _grpo_reward
-from _offline import go_offline, online
+from _offline import go_offline
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
@@ -279,7 +279,7 @@ def _refuse_gpu_packages(python: Path, requirements: list[str], log: Any) -> Non
         [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *requirements],
         capture_output=True,
         text=True,
-        env=online(_trl_env(1)),
+        env=_trl_env(1),
         check=True,
     )
     names = [item["metadata"]["name"].lower() for item in json.loads(plan.stdout)["install"]]
@@ -311,7 +311,7 @@ def ensure_trl() -> Path:
             command = [str(_trl_python()), "-m", "pip", "install", *requirements]
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
-            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=online(_trl_env(1)), check=True)
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=_trl_env(1), check=True)
     versions = _trl_versions()
     if not _installed_as_wanted(versions):
         raise RuntimeError(f"{TRL_VENV} has {versions}, wanted {wanted}; see {log_path}")
@@ -486,7 +486,7 @@ def _spec(args: argparse.Namespace) -> Spec:
 
 
 def main() -> None:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -107,7 +107,7 @@ async def one_repetition(url: str, n: int, groups: dict[str, list[int]]) -> tupl
 
 
 def main() -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)

@@ -312,7 +312,7 @@ def learning(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--parts", nargs="+", choices=("learning", "throughput"), default=["learning", "throughput"]

@@ -101,7 +101,7 @@ def side_row(run_dir: Path, side: Side, result: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300, help="GRPO steps per side (at most; 9.5 minutes)")

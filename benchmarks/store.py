@@ -57,7 +57,7 @@ from _agentlightning_store import (
     task_input,
     trace_id,
 )
-from _offline import go_offline, online
+from _offline import go_offline
 from fulgor.store.base import Store
 from fulgor.store.memory import MemoryStore
 from fulgor.types import RolloutRequest, Span, SpanStatus
@@ -203,7 +203,7 @@ def ensure_agentlightning(version: str = AGL_VERSION, pip_options: Sequence[str]
         ):
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
-            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=online(_agl_env()), check=True)
+            subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=_agl_env(), check=True)
     if _installed_version(python) != version:
         raise RuntimeError(f"agentlightning=={version} is not importable in {venv}; see {log_path}")
     return python
@@ -311,7 +311,7 @@ def _result_line(backends: list[Backend], agl: Backend | None, rollouts: int) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--vs-agentlightning",

@@ -274,7 +274,7 @@ def _result_line(fulgor: list[Backend], agl: Backend, agl_ids: Backend, rollouts
 
 
 def main(argv: list[str] | None = None) -> None:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per backend and pass; the median counts")
     parser.add_argument("--rollouts", type=int, default=300, help="rollouts per pass")

@@ -77,7 +77,7 @@ def name(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _closed_proxy = go_offline()  # loopback only, for this run and every process it starts
+    go_offline()  # loopback only, for this run and every process it starts
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="small", choices=("tiny", "small"))
     parser.add_argument("--steps", type=int, default=3)

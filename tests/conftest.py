@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from tests import loopback_guard
+from tests.offline import closed_proxies
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +20,15 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def ray_offline() -> Iterator[None]:
+    """For a module whose tests start Ray (``pytestmark = pytest.mark.usefixtures("ray_offline")``):
+    closed HTTP proxies in the environment Ray's processes inherit, which stop the cloud-metadata
+    probe its dashboard makes at every start, a probe no switch of Ray's turns off (tests/offline.py)."""
+    with closed_proxies():
+        yield
 
 
 def pytest_configure(config: pytest.Config) -> None:

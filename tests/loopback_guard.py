@@ -4,9 +4,10 @@ starts, and a guard that fails a test whose process reaches beyond loopback.
 The tests, their servers and everything they start may send traffic only to loopback (127.0.0.0/8
 and ::1), and look up no name in DNS. Two parts keep it so:
 
-- The environment of ``tests/offline.py``, set for the whole test session before any test module is
-  imported, so that every process a test starts inherits it: each library's documented switch
-  against phoning home, and HTTP proxies on a loopback port where nothing listens, loopback exempt.
+- The switches of ``tests/offline.py``, set for the whole test session before any test module is
+  imported, so that every process a test starts inherits them: each library's documented switch
+  against phoning home (and, for the tests that start Ray, the ``ray_offline`` fixture's closed
+  proxies, which stop the probe Ray has no switch for).
 - :class:`LoopbackGuard`, a Python audit hook in the test process (``socket.connect``,
   ``socket.bind``, ``socket.sendto``, ``socket.sendmsg``, ``socket.getaddrinfo`` and the other
   look-ups): a call that would leave loopback, bind beyond it (every address included) or look up a
@@ -83,7 +84,6 @@ class LoopbackGuard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: list[str] = []
-        self._closed_port = go_offline()  # held while the session runs
 
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
         if not event.startswith("socket."):
@@ -123,6 +123,7 @@ class LoopbackGuard:
 
 def install(config: pytest.Config) -> None:
     """Set the offline environment and register the guard (once per process: audit hooks stay)."""
+    go_offline()
     guard = LoopbackGuard()
     sys.addaudithook(guard.audit)
     config.pluginmanager.register(guard, "loopback-guard")

@@ -4,24 +4,27 @@ Every test, benchmark and CI run may send traffic only to loopback (127.0.0.0/8 
 up no name in DNS. :func:`go_offline` sets, in this process's environment (and so in every process
 it starts), each library's documented switch against phoning home (Ray's node address and usage
 stats, vLLM's usage stats, the Hugging Face hub, LiteLLM's model cost map, CrewAI's telemetry and
-version check, W&B, the OpenAI Agents SDK's trace export) and HTTP proxies on a loopback port where
-nothing listens, loopback exempt: a request a library makes to the internet on its own (Ray's
-dashboard asks the cloud metadata servers at every start, usage stats on or off) is refused on
-this machine, its host never looked up. Installs need the network: :func:`online` is an
-environment with the proxies it had before instead, for pip.
+version check, W&B, the OpenAI Agents SDK's trace export).
 
-The test session applies it in ``tests/loopback_guard.py``; each benchmark at the start of its
-``main``. Nothing here imports pytest.
+One thing has no switch: Ray's dashboard process asks the cloud metadata servers which cloud it runs
+on at every start, usage stats on or off. :func:`closed_proxies` sets HTTP proxies on a loopback
+port where nothing listens, loopback exempt, for the processes started meanwhile (the tests that
+start Ray take it as the ``ray_offline`` fixture): the probe is refused on this machine, its host
+never looked up. Only there: every HTTP client made under proxies costs more (httpx builds a
+transport per proxy), which slows agents that make a client per call.
+
+The test session applies :func:`go_offline` in ``tests/loopback_guard.py``; each benchmark at the
+start of its ``main``. Nothing here imports pytest.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
-__all__ = ["LOOPBACK_NAMES", "OFFLINE_ENVIRONMENT", "go_offline", "offline_part", "online"]
+__all__ = ["LOOPBACK_NAMES", "OFFLINE_ENVIRONMENT", "closed_proxies", "go_offline", "offline_part"]
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 """Names that resolve from /etc/hosts to loopback, never through DNS."""
@@ -59,53 +62,42 @@ OFFLINE_ENVIRONMENT = {
     # The OpenAI Agents SDK exports its traces to OpenAI's servers unless this is set.
     "OPENAI_AGENTS_DISABLE_TRACING": "1",
 }
-"""The switches every test and benchmark process runs with (the proxies are added by go_offline)."""
+"""The switches every test and benchmark process runs with."""
 
 
-def closed_loopback_port() -> socket.socket:
-    """A loopback port bound and never listened on, held for the session: a connection to it is
-    refused at once, and no other process can take it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-def proxy_environment(port: int) -> dict[str, str]:
-    """HTTP proxies on ``port`` of loopback for every scheme, loopback itself exempt."""
-    proxy = f"http://127.0.0.1:{port}"
-    names = ("http_proxy", "https_proxy", "all_proxy")
-    return {
-        **{name: proxy for name in names},
-        **{name.upper(): proxy for name in names},
-        "no_proxy": NO_PROXY,
-        "NO_PROXY": NO_PROXY,
-    }
-
-
-_PROXIES = frozenset(proxy_environment(0))
-_SAVED = "FULGOR_OFFLINE_SAVED_PROXIES"  # the proxies the environment had before go_offline, as JSON
-
-
-def go_offline() -> socket.socket:
-    """Set the offline environment in this process's ``os.environ``, for it and every process it
-    starts; the socket holding the closed proxy port, which the caller keeps while it runs."""
-    closed = closed_loopback_port()
-    if _SAVED not in os.environ:
-        saved = {name: value for name, value in os.environ.items() if name in _PROXIES}
-        os.environ[_SAVED] = json.dumps(saved)
-    os.environ.update({**OFFLINE_ENVIRONMENT, **proxy_environment(closed.getsockname()[1])})
-    return closed
-
-
-def online(environment: Mapping[str, str]) -> dict[str, str]:
-    """``environment`` with the proxies it had before :func:`go_offline` instead of the closed
-    ones: for an install, which needs the network (through the user's own proxy, if any)."""
-    kept = {name: value for name, value in environment.items() if name not in _PROXIES and name != _SAVED}
-    return {**kept, **json.loads(environment.get(_SAVED, "{}"))}
+def go_offline() -> None:
+    """Set the offline switches in this process's ``os.environ``, for it and every process it starts."""
+    os.environ.update(OFFLINE_ENVIRONMENT)
 
 
 def offline_part(environment: Mapping[str, str]) -> dict[str, str]:
-    """The offline switches and proxies of ``environment``: for a process started with an
-    environment of its own choosing (a few variables), so that it stays offline too."""
-    names = {*OFFLINE_ENVIRONMENT, *_PROXIES}
-    return {name: value for name, value in environment.items() if name in names}
+    """The offline switches of ``environment``: for a process started with an environment of its
+    own choosing (a few variables), so that it stays offline too."""
+    return {name: value for name, value in environment.items() if name in OFFLINE_ENVIRONMENT}
+
+
+@contextlib.contextmanager
+def closed_proxies() -> Iterator[None]:
+    """HTTP proxies for every scheme on a loopback port bound and never listened on (a connection
+    there is refused at once, and no other process can take the port), loopback exempt, in
+    ``os.environ`` while the block runs; the environment as it was after."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
+        closed.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        names = ("http_proxy", "https_proxy", "all_proxy")
+        proxies = {
+            **{name: proxy for name in names},
+            **{name.upper(): proxy for name in names},
+            "no_proxy": NO_PROXY,
+            "NO_PROXY": NO_PROXY,
+        }
+        before = {name: os.environ.get(name) for name in proxies}
+        os.environ.update(proxies)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

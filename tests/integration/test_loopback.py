@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.loopback_support import ROOT, endpoints_beyond_loopback, namespace_unavailable, run_traced
+from tests.offline import closed_proxies
 
 from examples.calc.dataset import make_splits
 from fulgor.store.sqlite import SqliteStore
@@ -70,10 +71,11 @@ def test_fulgor_train_on_ray_runners_stays_on_loopback(tmp_path: Path) -> None:
         "--runners", "ray", "--n-runners", "2", "--steps", "1", "--group-size", "2", "--batch-tasks", "2",
         "--max-tokens", "8",
     ]  # fmt: skip
-    # Without the test session's Ray switches: what keeps this instance on loopback is fulgor's.
-    env = {name: value for name, value in os.environ.items() if not name.startswith("RAY_")}
     trace_file = tmp_path / "strace.log"
-    done = run_traced(command, trace_file, timeout_seconds=600, env=env, cwd=ROOT)
+    with closed_proxies():  # Ray's dashboard probes the cloud metadata servers, a probe with no switch
+        # Without the test session's Ray switches: what keeps this instance on loopback is fulgor's.
+        env = {name: value for name, value in os.environ.items() if not name.startswith("RAY_")}
+        done = run_traced(command, trace_file, timeout_seconds=600, env=env, cwd=ROOT)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert (run_dir / "checkpoints" / "step-1" / "config.json").is_file()
     workers = asyncio.run(workers_of(run_dir / "store.sqlite"))

@@ -19,6 +19,7 @@ from fulgor.store import SqliteStore
 from fulgor.types import Attempt, RolloutRequest
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by make test")
+pytestmark = pytest.mark.usefixtures("ray_offline")
 ROOT = Path(__file__).resolve().parents[2]
 # The checkout first (for the test agents), then whatever path this test run was given.
 PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))

@@ -35,6 +35,8 @@ from fulgor.store.sqlite import SqliteStore
 from fulgor.testing.openai_server import ScriptedOpenAIServer
 from fulgor.training.runners import runners_url
 
+pytestmark = pytest.mark.usefixtures("ray_offline")
+
 RAY_PROCESSES = ("ray::", "raylet", "gcs_server")
 
 

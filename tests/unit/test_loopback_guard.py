@@ -5,14 +5,15 @@ test that reaches beyond loopback (even when the test swallows the error), and t
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
+import socket
 from unittest import mock
+from urllib.parse import urlsplit
 
 import pytest
 from tests.loopback_guard import beyond_loopback
 from tests.loopback_support import ROOT, endpoints_beyond_loopback
-from tests.offline import OFFLINE_ENVIRONMENT, go_offline, offline_part, online
+from tests.offline import OFFLINE_ENVIRONMENT, closed_proxies, offline_part
 
 pytest_plugins = ["pytester"]
 
@@ -42,25 +43,21 @@ def test_what_is_beyond_loopback(host: str | None, beyond: bool) -> None:
 def test_the_session_runs_offline() -> None:
     for name, value in OFFLINE_ENVIRONMENT.items():
         assert os.environ[name] == value
-    proxy = os.environ["https_proxy"]
-    assert proxy.startswith("http://127.0.0.1:")
-    assert "127.0.0.1" in os.environ["no_proxy"].split(",")
-    installing = online(os.environ)  # pip's environment: the switches, the proxies from before
-    assert installing.get("https_proxy") != proxy
-    assert installing["HF_HUB_OFFLINE"] == "1"
+    # A program started with a few variables of its own keeps the switches.
+    assert offline_part({"PATH": "/bin", **os.environ}) == OFFLINE_ENVIRONMENT
 
 
-def test_an_install_gets_the_proxies_the_environment_had_before() -> None:
-    environment = {"PATH": "/bin", "https_proxy": "http://proxy.example:3128"}
-    with mock.patch.dict(os.environ, environment, clear=True), contextlib.closing(go_offline()):
-        assert os.environ["https_proxy"].startswith("http://127.0.0.1:")
-        installing = online(os.environ)
-        assert installing["https_proxy"] == "http://proxy.example:3128"
-        assert "http_proxy" not in installing
-        assert "no_proxy" not in installing
-        # A program started with a few variables of its own keeps the offline ones.
-        assert offline_part(os.environ)["DO_NOT_TRACK"] == "1"
-        assert offline_part(os.environ)["https_proxy"] == os.environ["https_proxy"]
+def test_closed_proxies_refuse_on_this_machine_and_leave_the_environment_as_it_was() -> None:
+    mine = {"PATH": os.environ.get("PATH", ""), "https_proxy": "http://proxy.example:3128"}
+    with mock.patch.dict(os.environ, mine, clear=True):
+        with closed_proxies():
+            proxy = urlsplit(os.environ["http_proxy"])
+            assert (proxy.hostname, os.environ["https_proxy"]) == ("127.0.0.1", os.environ["http_proxy"])
+            assert "127.0.0.1" in os.environ["no_proxy"].split(",")
+            with pytest.raises(ConnectionRefusedError), socket.socket() as sock:
+                sock.connect((proxy.hostname, proxy.port))
+        assert os.environ["https_proxy"] == "http://proxy.example:3128"
+        assert "http_proxy" not in os.environ
 
 
 # Each swallows the error the guard raises: they would pass, were it not for the guard.
@@ -144,4 +141,4 @@ def test_every_benchmark_goes_offline_first() -> None:
     for script in scripts:
         tree = ast.parse(script.read_text())
         [main] = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
-        assert ast.unparse(main.body[0]) == "_closed_proxy = go_offline()", script.name
+        assert ast.unparse(main.body[0]) == "go_offline()", script.name
