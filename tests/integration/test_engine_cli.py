@@ -125,3 +125,23 @@ def test_cli_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True
     )
     assert output.stdout.strip() == "[]"
+
+
+def test_a_chat_template_or_parser_that_is_wrong_fails_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The model does not even exist: the template and parser are checked first.
+    nowhere = str(tmp_path / "none")
+    assert main(["engine", "--model", nowhere, "--port", "0", "--chat-template", "missing.jinja"]) == 1
+    assert "no such file, and not a template fulgor ships (chatml-tools" in capsys.readouterr().err
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if messages %}")
+    assert main(["engine", "--model", nowhere, "--port", "0", "--chat-template", str(broken)]) == 1
+    assert "does not parse: line 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["engine", "--model", nowhere, "--tool-call-parser", "granite"])
+    assert usage.value.code == 2
+    assert "(choose from 'hermes', 'llama3_json', 'mistral', 'pythonic')" in capsys.readouterr().err
+    for backend in ("local", "vllm"):
+        assert main(["engine", "--model", nowhere, "--backend", backend, "--chat-template", "nope"]) == 1
+        assert "--chat-template nope" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -493,3 +494,20 @@ def test_a_session_that_fails_once_started_leaves_nothing_running(
     assert_closed(services.engine_url)
     with pytest.raises(ValidationError, match="the store is closed"):  # the store the trainer opened
         asyncio.run(services.store.query_rollouts())
+
+
+def test_the_template_the_engine_serves_is_the_one_the_checkpoints_carry(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """With ``EngineConfig(chat_template=...)`` the trainer's copy, and so every checkpoint, carries
+    the template the engine renders with, not the model's own."""
+    from fulgor.engine.chat_format import SHIPPED_TEMPLATES
+
+    own = tmp_path / "own"
+    shutil.copytree(model_dir, own)
+    (own / "chat_template.jinja").write_text("{#- the model's own -#}" + SHIPPED_TEMPLATES["chatml-tools"])
+    engine = EngineConfig(model=own, device="cpu", chat_template="chatml-tools")
+    trainer = Trainer(algorithm=GRPO(group_size=2, max_steps=1), engine=engine, run_dir=tmp_path / "run")
+    policy, _ = trainer._trainable(own, 0)
+    saved = policy.save(tmp_path / "checkpoints", 1)
+    assert (saved / "chat_template.jinja").read_text() == SHIPPED_TEMPLATES["chatml-tools"]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["non_negative_float", "non_negative_int", "port_number", "positive_float", "positive_int"]
+__all__ = [
+    "add_chat_arguments",
+    "non_negative_float",
+    "non_negative_int",
+    "port_number",
+    "positive_float",
+    "positive_int",
+]
 
 
 def port_number(text: str) -> int:
@@ -63,3 +70,29 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     return value
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--chat-template``, ``--tool-call-parser`` and ``--reasoning-parser``, as ``fulgor engine``
+    and ``fulgor train`` take them (and hand them to vLLM)."""
+    from fulgor.engine.chat_format import SHIPPED_TEMPLATES
+    from fulgor.engine.reasoning import REASONING_PARSERS
+    from fulgor.engine.tool_calls import TOOL_PARSERS
+
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template in place of the model's own, or the name of a tool-aware one "
+        f"fulgor ships: {', '.join(SHIPPED_TEMPLATES)}",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        help="how tool calls are read from the model's output (vLLM's names; default: detected from "
+        "the chat template, else hermes)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="return <think> reasoning as reasoning_content (default: detected from the chat template)",
+    )

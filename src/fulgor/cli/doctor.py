@@ -47,6 +47,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "safetensors>=0.4",
         "peft>=0.13",
         "tqdm>=4.66",
+        "gguf>=0.10",
     ),
     "server": (
         "fastapi>=0.110",
@@ -129,7 +130,16 @@ def register(subparsers: Any) -> None:
         "--engine", metavar="URL", help="an engine's URL (fulgor engine's, vLLM's): /v1/models answers"
     )
     parser.add_argument(
-        "--model", type=Path, metavar="DIR", help="a local model directory: config, tokenizer, chat template"
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="a local model directory: architecture, parameters, context, tokenizer, chat template, tool "
+        "support and the tool-call format detected",
+    )
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="with --model: check this template (a Jinja file, or chatml-tools) in place of the model's own",
     )
     parser.add_argument(
         "--token-file",
@@ -156,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.engine:
         sections.append(_engine(args.engine))
     if args.model:
-        sections.append(_model(args.model))
+        sections.append(_model(args.model, args.chat_template))
     checks = []
     for section in sections:
         for check in section:  # each line as soon as it is known: some checks wait on the network
@@ -547,7 +557,7 @@ def _models(name: str, base: str, start: str, key: str) -> Check:
 # -- a model directory -----------------------------------------------------------------------------
 
 
-def _model(path: Path) -> Iterator[Check]:
+def _model(path: Path, chat_template: str | None) -> Iterator[Check]:
     from fulgor.engine.errors import EngineError
     from fulgor.engine.loading import adapter_base, checkpoint_kind
 
@@ -576,12 +586,24 @@ def _model(path: Path) -> Iterator[Check]:
     except ImportError as error:
         yield Check("model", "FAIL", f"cannot load {path}: {error}", "pip install 'fulgor[torch]'")
         return
-    yield from _model_files(path, transformers)
+    yield from _model_files(path, transformers, chat_template)
 
 
-def _model_files(path: Path, transformers: Any) -> Iterator[Check]:
+def _model_files(path: Path, transformers: Any, chat_template: str | None) -> Iterator[Check]:
+    from fulgor.engine.errors import EngineError
+    from fulgor.engine.model_import import describe_model
+
     try:
-        config = transformers.AutoConfig.from_pretrained(path)
+        facts = describe_model(path)
+        transformers.AutoConfig.from_pretrained(path)
+    except EngineError as error:
+        yield Check(
+            "model",
+            "FAIL",
+            error.message,
+            "pass a Hugging Face model directory, or make one with `fulgor model import SOURCE --out DIR`",
+        )
+        return
     except Exception as error:  # transformers raises many kinds for a bad config
         yield Check(
             "model",
@@ -590,19 +612,7 @@ def _model_files(path: Path, transformers: Any) -> Iterator[Check]:
             "fix or replace config.json (a model's Hugging Face config)",
         )
         return
-    weights = sorted(p.name for p in path.iterdir() if p.suffix == ".safetensors" or p.name.endswith(".bin"))
-    if not weights:
-        yield Check(
-            "model",
-            "FAIL",
-            f"{path} holds no weights (*.safetensors or *.bin)",
-            "copy the model's weight files into the directory",
-        )
-        return
-    context = getattr(config, "max_position_embeddings", None)
-    length = f", {context}-token context" if context else ""
-    shown = weights[0] if len(weights) == 1 else f"{len(weights)} weight files"
-    yield Check("model", "OK", f"{path}: {config.model_type}{length}, {shown}")
+    yield Check("model", "OK", f"{path}: {facts.summary()}")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     except Exception as error:  # as above
@@ -614,39 +624,35 @@ def _model_files(path: Path, transformers: Any) -> Iterator[Check]:
         )
         return
     yield Check("tokenizer", "OK", f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")
-    yield _chat_template(tokenizer)
+    yield _chat_template(tokenizer, chat_template)
 
 
-def _chat_template(tokenizer: Any) -> Check:
+def _chat_template(tokenizer: Any, chat_template: str | None) -> Check:
+    from fulgor.engine.chat_format import ChatFormat, read_chat_template
     from fulgor.engine.errors import EngineError
-    from fulgor.engine.prompts import render_chat_ids
-    from fulgor.engine.protocol import ChatMessage
+    from fulgor.errors import ConfigError
 
-    tool = {"type": "function", "function": {"name": "fulgor_doctor_probe", "parameters": {"type": "object"}}}
-    messages = [ChatMessage(role="user", content="What is 2 + 3?")]
+    try:
+        template = read_chat_template(chat_template) if chat_template else None
+    except ConfigError as error:
+        return Check("chat template", "FAIL", error.message, "pass a Jinja file that parses")
+    chat_format = ChatFormat.of(tokenizer, template)
+    source = f"--chat-template {chat_template}" if chat_template else "the model's own template"
     try:  # chat decides the check; tools are a note on it
-        render_chat_ids(tokenizer, messages)
+        chat_format.render(tokenizer, [{"role": "user", "content": "What is 2 + 3?"}], None)
     except EngineError as error:
         return Check(
             "chat template",
             "FAIL",
             error.message,
-            "add a chat_template to the tokenizer files, or have the agent call /v1/completions",
+            "add a chat_template to the tokenizer files, or pass --chat-template FILE",
         )
-    try:
-        with_tools = tokenizer.decode(render_chat_ids(tokenizer, messages, [tool]))
-    except EngineError as error:
+    if not chat_format.renders_tools:
         return Check(
             "chat template",
             "OK",
-            f"renders chat, but refuses tool definitions ({error.message}): agents that offer "
-            "tools get an error from this model",
+            f"{source} renders chat, but {chat_format.tool_support}",
+            "for agents with tools, serve it with --chat-template FILE (a tool-aware template; "
+            "chatml-tools for a ChatML model) and check it here with the same option",
         )
-    if "fulgor_doctor_probe" not in with_tools:
-        return Check(
-            "chat template",
-            "OK",
-            "renders chat, but leaves out tool definitions: agents that "
-            "offer tools get no tool calls from this model",
-        )
-    return Check("chat template", "OK", "renders chat and tool definitions")
+    return Check("chat template", "OK", f"{source} renders chat; it {chat_format.tool_support}")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fulgor.cli._options import port_number
+from fulgor.cli._options import add_chat_arguments, port_number
 from fulgor.cli._stopping import StopRequests
 from fulgor.errors import ConfigError, FulgorError
 
@@ -57,6 +57,9 @@ def _serve_local(args: argparse.Namespace, stopping: StopRequests) -> int:
         seed=args.seed,
         model_version=args.model_version,
         admin_token=admin_token,
+        chat_template=args.chat_template,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         **{name: value for name, value in options.items() if value is not None},
     )
     try:
@@ -97,6 +100,9 @@ def _serve_vllm(args: argparse.Namespace, stopping: StopRequests) -> int:
         max_model_len=args.max_model_len,
         seed=args.seed,
         extra_args=tuple(args.vllm_arg),
+        chat_template=args.chat_template,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     server = VLLMServer(config)
     _run_until_stopped(server.start, lambda: server.running, server.stop, stopping)
@@ -158,6 +164,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     parser.add_argument("--max-batch-size", type=int, help="sequences decoded together (default 64)")
     parser.add_argument("--seed", type=int, help="seed for requests that bring none")
+    add_chat_arguments(parser)
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--model-version", type=int, default=0, help="version number of the initial weights")
     parser.add_argument(

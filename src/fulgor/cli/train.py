@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fulgor.cli._apo import APO_STEPS, add_apo_arguments, apo_algorithm, check_apo_options
 from fulgor.cli._nproc import add_update_arguments, check_update_options, rank, run_ranks
-from fulgor.cli._options import non_negative_float, positive_float, positive_int
+from fulgor.cli._options import add_chat_arguments, non_negative_float, positive_float, positive_int
 from fulgor.cli._stopping import interrupts
 from fulgor.errors import ConfigError, FulgorError
 
@@ -79,6 +79,7 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="local Hugging Face model directory to start from (fulgor downloads nothing)",
     )
+    add_chat_arguments(parser)
     parser.add_argument(
         "--upstream",
         metavar="URL",
@@ -373,6 +374,7 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
             f"--upstream-key-env {args.upstream_key_env}: that environment variable is not set; export "
             "the upstream's API key in it"
         )
+    _check_chat_options(args)
     _check_runner_options(args)
     if args.evaluate and args.run_dir is None and args.upstream is None:
         raise ConfigError(
@@ -398,6 +400,22 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     if not (args.dev or args.evaluate):
         _check_continuation(run_dir, args.no_resume)
     return _Job(train=train, val=val, run_dir=run_dir)
+
+
+_CHAT_OPTIONS = ("chat_template", "tool_call_parser", "reasoning_parser")
+
+
+def _check_chat_options(args: argparse.Namespace) -> None:
+    """The template and parsers go with the engine fulgor starts, and the template reads."""
+    from fulgor.engine.chat_format import check_chat_options
+
+    given = [f"--{name.replace('_', '-')}" for name in _CHAT_OPTIONS if getattr(args, name) is not None]
+    if given and args.upstream is not None:
+        raise ConfigError(
+            f"{', '.join(given)} go with the engine fulgor starts on --model; an --upstream renders "
+            "and parses with its own settings: drop them, or set them where it is served"
+        )
+    check_chat_options(args.chat_template, args.tool_call_parser, args.reasoning_parser)
 
 
 def _check_runner_options(args: argparse.Namespace) -> None:
@@ -585,12 +603,13 @@ def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
     from fulgor.gateway import Upstream
 
     target: dict[str, Any]
+    chat = {name: getattr(args, name) for name in _CHAT_OPTIONS}
     if args.upstream is not None:
         api_key = os.environ[args.upstream_key_env] if args.upstream_key_env else None
         upstream = Upstream(args.upstream, api_key=api_key, request_token_ids=not args.no_token_ids)
         target = {"upstream": upstream, "model": args.upstream_model}
     else:
-        target = {"engine": EngineConfig(model=args.model, device=args.device, seed=args.seed)}
+        target = {"engine": EngineConfig(model=args.model, device=args.device, seed=args.seed, **chat)}
     return Trainer(
         algorithm=_algorithm(args),
         **target,

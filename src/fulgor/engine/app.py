@@ -227,10 +227,12 @@ async def _unless_client_gone(request: Request, work: Coroutine[Any, Any, _T]) -
 
 async def _chat(served: Served, request: Request, body: ChatCompletionRequest) -> Response:
     engine = _engine_for(served, body.model)
-    prompt_ids = chat_prompt_ids(engine.tokenizer, body)
+    prompt_ids = chat_prompt_ids(engine.tokenizer, body, engine.chat_format, engine.max_model_len)
     max_tokens = engine.check_context(len(prompt_ids), body.max_output_tokens)
     params = _sampling_params(engine, body, max_tokens, (body.top_logprobs or 0) if body.logprobs else 0)
-    ctx = ResponseContext(engine.tokenizer, engine.model_name, "chat", body.return_tokens_as_token_ids)
+    ctx = ResponseContext(
+        engine.tokenizer, engine.model_name, "chat", body.return_tokens_as_token_ids, engine.chat_format
+    )
     if body.stream:
         stream = chat_stream(engine, ctx, body, prompt_ids, params)
         return StreamingResponse(stream, media_type="text/event-stream")
@@ -252,7 +254,7 @@ async def _chat(served: Served, request: Request, body: ChatCompletionRequest) -
 
 async def _completions(served: Served, request: Request, body: CompletionRequest) -> Response:
     engine = _engine_for(served, body.model)
-    prompts = completion_prompt_ids(engine.tokenizer, body)
+    prompts = completion_prompt_ids(engine.tokenizer, body, engine.max_model_len)
     limits = [engine.check_context(len(ids), body.max_tokens) for ids in prompts]
     top = body.logprobs or 0
     ctx = ResponseContext(engine.tokenizer, engine.model_name, "completion")

@@ -62,8 +62,12 @@ class ContextLengthError(InvalidRequestError):
 
     code = "context_length_exceeded"
 
-    def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> None:
-        if max_tokens is None:
+    def __init__(
+        self, max_model_len: int, prompt_tokens: int, max_tokens: int | None, *, at_least: bool = False
+    ) -> None:
+        if at_least:  # known from the prompt's size before it was tokenised
+            detail = f"the prompt has at least {prompt_tokens} tokens"
+        elif max_tokens is None:
             detail = f"the prompt alone has {prompt_tokens} tokens"
         else:
             detail = (

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fulgor.engine.chat_format import ChatFormat, check_chat_options, read_chat_template
 from fulgor.engine.errors import ContextLengthError, EngineUnavailableError, ModelLoadError
 from fulgor.engine.loading import LoadedModel, load_model
 from fulgor.engine.sampling import SamplingParams
@@ -41,6 +42,12 @@ class EngineConfig:
     seed: int | None = None
     model_version: int = 0
     admin_token: str | None = field(default=None, repr=False)
+    chat_template: str | None = None
+    """A Jinja file, or the name of a template fulgor ships, in place of the model's own template."""
+    tool_call_parser: str | None = None
+    """The tool-call parser's name (default: detected from the template, else ``hermes``)."""
+    reasoning_parser: str | None = None
+    """The reasoning parser's name (default: detected from the template, else none)."""
 
     @property
     def model_name(self) -> str:
@@ -70,10 +77,17 @@ class LocalEngine:
             seed=config.seed,
         )
         self._swap_lock = asyncio.Lock()
+        template = read_chat_template(config.chat_template) if config.chat_template else None
+        self.chat_format = ChatFormat.of(
+            model.tokenizer, template, config.tool_call_parser, config.reasoning_parser
+        )
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LocalEngine:
-        """Load ``config.model`` (full weights or a LoRA adapter over its base) and build the engine."""
+        """Load ``config.model`` (full weights or a LoRA adapter over its base) and build the engine.
+
+        A chat template or parser name that is wrong fails before the weights load."""
+        check_chat_options(config.chat_template, config.tool_call_parser, config.reasoning_parser)
         model = load_model(
             config.model, device=config.device, dtype=config.dtype, max_model_len=config.max_model_len
         )

@@ -285,11 +285,48 @@ def _fast_tokenizer(spec: ModelSpec, seed: int, corpus: Iterable[str]) -> Any:
     return fast
 
 
+# The tokens that end a turn or a text in the families whose tokenizers fulgor has met; a model built
+# on a real tokenizer stops on every one of them that the tokenizer holds.
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<eos>",
+    "</s>",
+)
+
+
+def _end_ids(tokenizer: Any) -> list[int]:
+    """The tokenizer's end-of-sequence id first, then the other end tokens it holds."""
+    vocabulary = tokenizer.get_vocab()
+    first = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    found = [vocabulary[token] for token in _END_TOKENS if token in vocabulary]
+    return list(dict.fromkeys(first + found))
+
+
+def _read_tokenizer(folder: Path) -> Any:
+    transformers = require_transformers()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # transformers raises many kinds for missing or broken tokenizer files
+        raise ModelLoadError(
+            f"cannot load a tokenizer from --tokenizer {folder}: {exc}; pass a directory with "
+            "tokenizer.json and tokenizer_config.json"
+        ) from exc
+    if not _end_ids(tokenizer):
+        raise ModelLoadError(f"the tokenizer in {folder} names no end-of-sequence token; a model needs one")
+    return tokenizer
+
+
 def _model_config(spec: ModelSpec, arch: Architecture, tokenizer: Any) -> Any:
     from transformers import LlamaConfig, Qwen2Config
 
     config_class = LlamaConfig if arch == "llama" else Qwen2Config
-    eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
+    eos_ids = _end_ids(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     return config_class(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -301,7 +338,7 @@ def _model_config(spec: ModelSpec, arch: Architecture, tokenizer: Any) -> Any:
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_ids,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=pad,
     )
 
 
@@ -312,14 +349,20 @@ def init_model(
     arch: Architecture = "llama",
     seed: int = 0,
     corpus: Iterable[str] = (),
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """Build a randomly initialised causal LM and its tokenizer in ``out_dir`` (Hugging Face format).
 
     ``size`` picks a shape from :data:`MODEL_SIZES`; ``arch`` picks the transformers architecture.
     ``corpus`` adds texts of the task at hand to the tokenizer's training data, so that its prompts
     take fewer tokens (on a CPU, fewer tokens is faster training). The same ``seed`` and ``corpus``
-    give the same tokenizer and the same weights. Returns the directory.
+    give the same tokenizer and the same weights. ``tokenizer`` names a directory holding a real
+    model's tokenizer files instead: the model is built on that tokenizer and its chat template
+    (random weights, so nothing it says makes sense, but every id and template is the family's own).
+    Returns the directory.
     """
+    if tokenizer is not None and corpus:
+        raise ModelLoadError("--corpus trains fulgor's own tokenizer; it does not apply with --tokenizer")
     if size not in MODEL_SIZES:
         raise ModelLoadError(f"unknown model size {size!r}; choose one of {sorted(MODEL_SIZES)}")
     if arch not in ("llama", "qwen2"):
@@ -328,8 +371,8 @@ def init_model(
     transformers = require_transformers()
     out = _output_directory(Path(out_dir))
     spec = MODEL_SIZES[size]
-    tokenizer = _fast_tokenizer(spec, seed, corpus)
-    config = _model_config(spec, arch, tokenizer)
+    built = _read_tokenizer(Path(tokenizer)) if tokenizer is not None else _fast_tokenizer(spec, seed, corpus)
+    config = _model_config(spec, arch, built)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     model.generation_config = transformers.GenerationConfig(
@@ -337,7 +380,7 @@ def init_model(
     )
     with no_progress_bars():
         model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    built.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
     logger.info("built a %s %s model with %d parameters in %s", size, arch, params, out)
     return out

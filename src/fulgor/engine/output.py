@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from fulgor.engine.chat_format import ChatFormat
 from fulgor.engine.scheduler import FinishEvent
-from fulgor.engine.tool_calls import ParsedOutput, parse_tool_calls
+from fulgor.engine.tool_calls import ParsedOutput
 
 __all__ = [
     "ResponseContext",
@@ -35,6 +36,7 @@ class ResponseContext:
     model: str
     kind: str
     tokens_as_ids: bool = False
+    chat_format: ChatFormat | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -53,6 +55,17 @@ class ResponseContext:
             return f"token_id:{token_id}"
         text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def parse(self, text: str, tools_active: bool) -> ParsedOutput:
+        """A chat answer's text split by the model's parsers (reasoning, tool calls when active)."""
+        chat_format = self.chat_format or ChatFormat.own(self.tokenizer)
+        return chat_format.parse(text, tools_active)
+
+    @property
+    def parses_reasoning(self) -> bool:
+        """Whether answers are split into reasoning and content (a stream then holds text back)."""
+        chat_format = self.chat_format or ChatFormat.own(self.tokenizer)
+        return chat_format.reasoning_parser is not None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -100,10 +113,6 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top_maps, "text_offset": offsets}
 
 
-def parse_chat_output(text: str, tools_active: bool) -> ParsedOutput:
-    return parse_tool_calls(text) if tools_active else ParsedOutput(content=text, tool_calls=[])
-
-
 def chat_finish_reason(parsed: ParsedOutput, finish_reason: str) -> str:
     return "tool_calls" if parsed.tool_calls and finish_reason == "stop" else finish_reason
 
@@ -118,8 +127,10 @@ def chat_choice(
     return_token_ids: bool,
 ) -> dict[str, Any]:
     """One choice of a non-streamed chat completion."""
-    parsed = parse_chat_output(event.text, tools_active)
+    parsed = ctx.parse(event.text, tools_active)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning_content is not None:
+        message["reasoning_content"] = parsed.reasoning_content
     if parsed.tool_calls:
         message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
     choice: dict[str, Any] = {

@@ -7,14 +7,15 @@ from fulgor's engine and from vLLM.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from fulgor.engine.errors import InvalidRequestError
+from fulgor.engine.chat_format import ChatFormat
+from fulgor.engine.errors import ContextLengthError, InvalidRequestError
 from fulgor.engine.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from fulgor.engine.tool_calls import tool_arguments_for_template
 
-__all__ = ["chat_prompt_ids", "completion_prompt_ids", "render_chat_ids"]
+__all__ = ["chat_prompt_ids", "completion_prompt_ids", "fewest_tokens", "render_chat_ids"]
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
@@ -23,22 +24,21 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
     rendered["role"] = "system" if message.role == "developer" else message.role
     rendered["content"] = message.content
     if message.tool_calls:
-        rendered["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
+        rendered["tool_calls"] = list(message.tool_calls)
     return rendered
 
 
-def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    function = dict(call.get("function") or {})
-    if "name" not in function:
-        raise InvalidRequestError("every assistant tool call needs function.name", param="messages")
-    function["arguments"] = tool_arguments_for_template(function.get("arguments", {}))
-    return {**call, "function": function}
-
-
-def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest) -> list[int]:
+def chat_prompt_ids(
+    tokenizer: Any,
+    request: ChatCompletionRequest,
+    chat_format: ChatFormat | None = None,
+    max_model_len: int | None = None,
+) -> list[int]:
     """Render ``request.messages`` (and ``tools``) with the chat template and encode them."""
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None
-    return render_chat_ids(tokenizer, request.messages, tools)
+    return render_chat_ids(
+        tokenizer, request.messages, tools, chat_format=chat_format, max_model_len=max_model_len
+    )
 
 
 def render_chat_ids(
@@ -47,30 +47,43 @@ def render_chat_ids(
     tools: list[dict[str, Any]] | None = None,
     *,
     add_generation_prompt: bool = True,
+    chat_format: ChatFormat | None = None,
+    max_model_len: int | None = None,
 ) -> list[int]:
-    """The ids the engine serves ``messages`` with: template to text, then encoded as it stands.
+    """The ids the engine serves ``messages`` with: normalised and rendered by ``chat_format`` (the
+    tokenizer's own template when None), then encoded as the text stands.
 
-    Without ``add_generation_prompt`` the last turn is rendered as finished (training rows).
+    Without ``add_generation_prompt`` the last turn is rendered as finished (training rows). With
+    ``max_model_len``, text that cannot fit is refused before it is tokenised.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError(
-            "this model has no chat template; use /v1/completions, "
-            "or add a chat_template to its tokenizer files"
-        )
+    chat_format = chat_format or ChatFormat.own(tokenizer)
     rendered = [_template_message(m) for m in messages]
-    try:
-        text = tokenizer.apply_chat_template(
-            rendered, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
-    except Exception as exc:  # template errors come from Jinja and the template's own raise_exception
-        raise InvalidRequestError(
-            f"the chat template rejected the messages: {exc}", param="messages"
-        ) from exc
+    text = chat_format.render(tokenizer, rendered, tools, add_generation_prompt=add_generation_prompt)
+    if max_model_len is not None:
+        least = fewest_tokens(tokenizer, text)
+        if least > max_model_len:
+            raise ContextLengthError(max_model_len, least, None, at_least=True)
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
     return ids
 
 
-def completion_prompt_ids(tokenizer: Any, request: CompletionRequest) -> list[list[int]]:
+_LONGEST: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def fewest_tokens(tokenizer: Any, text: str) -> int:
+    """The fewest tokens ``text`` can encode to: its UTF-8 bytes over the longest token's, so that a
+    prompt far beyond the context is refused without tokenising it (which, for megabytes of text,
+    would hold the server's event loop for seconds)."""
+    longest = _LONGEST.get(tokenizer)
+    if longest is None:
+        vocabulary = tokenizer.get_vocab()
+        longest = _LONGEST[tokenizer] = max((len(token.encode("utf-8")) for token in vocabulary), default=1)
+    return len(text.encode("utf-8")) // max(longest, 1)
+
+
+def completion_prompt_ids(
+    tokenizer: Any, request: CompletionRequest, max_model_len: int | None = None
+) -> list[list[int]]:
     """One list of ids per prompt: text is encoded, token ids are checked against the vocabulary."""
     prompt = request.prompt
     if isinstance(prompt, str):
@@ -82,6 +95,10 @@ def completion_prompt_ids(tokenizer: Any, request: CompletionRequest) -> list[li
     vocab_size = len(tokenizer)
     result = []
     for item in prompts:
+        if isinstance(item, str) and max_model_len is not None:
+            least = fewest_tokens(tokenizer, item)
+            if least > max_model_len:
+                raise ContextLengthError(max_model_len, least, None, at_least=True)
         ids = tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("the prompt is empty; send at least one token", param="prompt")

@@ -2,12 +2,13 @@
 
 Each choice's first chunk carries the assistant role (chat) and, with ``return_token_ids``, the
 prompt ids; every token then gets a chunk with its text delta, its ``token_ids`` and its logprobs as
-requested. When tools are active, text is held back until the sequence ends, because only then can
-the output be told apart from a tool call; the last chunk then carries the content or the
-``tool_calls``. The chunk that ends a choice carries its ``finish_reason`` and vLLM's ``stop_reason``
-(text completion chunks carry both on every chunk, null until the end, as vLLM's do). With
-``stream_options.include_usage`` a last chunk with no choices carries the ``usage`` of the whole
-request. An engine error mid-stream becomes an ``error`` event before ``[DONE]``.
+requested. When tools are active, or the model's reasoning is parsed, text is held back until the
+sequence ends, because only then can the output be told apart from a tool call or reasoning; the
+last chunk then carries the ``reasoning_content``, the content and the ``tool_calls``. The chunk
+that ends a choice carries its ``finish_reason`` and vLLM's ``stop_reason`` (text completion chunks
+carry both on every chunk, null until the end, as vLLM's do). With ``stream_options.include_usage``
+a last chunk with no choices carries the ``usage`` of the whole request. An engine error mid-stream
+becomes an ``error`` event before ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from fulgor.engine.output import (
     chat_finish_reason,
     chat_logprobs,
     completion_logprobs,
-    parse_chat_output,
     usage,
 )
 from fulgor.engine.protocol import ChatCompletionRequest, CompletionRequest
@@ -77,7 +77,7 @@ class _ChatChunks:
 
     def token(self, index: int, event: TokenEvent) -> list[str]:
         self.completion_tokens += 1
-        text = "" if self.body.tools_active else event.text
+        text = "" if self.body.tools_active or self.ctx.parses_reasoning else event.text
         if not text and not self.body.logprobs and not self.body.return_token_ids:
             return []
         self.sent_text[index] += text
@@ -96,8 +96,10 @@ class _ChatChunks:
         return [self._chunk(event.model_version, choice)]
 
     def finish(self, index: int, event: FinishEvent) -> list[str]:
-        parsed = parse_chat_output(event.text, self.body.tools_active)
+        parsed = self.ctx.parse(event.text, self.body.tools_active)
         delta: dict[str, Any] = {}
+        if parsed.reasoning_content is not None:
+            delta["reasoning_content"] = parsed.reasoning_content
         if parsed.tool_calls:
             calls = [{"index": k, **call.to_openai()} for k, call in enumerate(parsed.tool_calls)]
             delta["tool_calls"] = calls

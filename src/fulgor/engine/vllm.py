@@ -49,6 +49,13 @@ from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine._vllm_weights import reload_view
+from fulgor.engine.chat_format import (
+    check_chat_options,
+    detect_reasoning_parser,
+    detect_tool_parser,
+    model_chat_template,
+    read_chat_template,
+)
 from fulgor.engine.errors import ModelLoadError, VLLMError
 from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
 from fulgor.net.sockets import bind_socket, is_loopback
@@ -85,6 +92,12 @@ class VLLMConfig:
     device: str = "auto"
     model_version: int = 0
     extra_args: tuple[str, ...] = ()
+    chat_template: str | None = None
+    """A Jinja file, or the name of a template fulgor ships, in place of the model's own template."""
+    tool_call_parser: str | None = None
+    """vLLM's ``--tool-call-parser`` (default: detected from the template, else ``hermes``)."""
+    reasoning_parser: str | None = None
+    """vLLM's ``--reasoning-parser`` (default: detected from the template, else none)."""
     api_key: str | None = field(default=None, repr=False)
     command: tuple[str, ...] = ("vllm", "serve")
     env: Mapping[str, str] = field(default_factory=dict)
@@ -108,7 +121,7 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
     command += ["--max-logprobs", str(config.max_logprobs), "--return-tokens-as-token-ids"]
     # Sampling follows the request alone, not defaults from the model's generation_config.json.
     command += ["--generation-config", "vllm"]
-    command += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    command += _chat_arguments(config, model)
     if config.max_model_len is not None:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.seed is not None:
@@ -123,6 +136,22 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
     if config.api_key:
         command += ["--api-key", config.api_key]
     return command + list(config.extra_args)
+
+
+def _chat_arguments(config: VLLMConfig, model: str) -> list[str]:
+    """The template and parsers, as fulgor's own engine chooses them (:mod:`fulgor.engine.chat_format`):
+    named, else detected from the template; vLLM reads a template given as text."""
+    check_chat_options(config.chat_template, config.tool_call_parser, config.reasoning_parser)
+    template = read_chat_template(config.chat_template) if config.chat_template else None
+    shown = template or model_chat_template(model)
+    parser = config.tool_call_parser or detect_tool_parser(shown) or "hermes"
+    arguments = ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if template is not None:
+        arguments += ["--chat-template", template]
+    reasoning = config.reasoning_parser or detect_reasoning_parser(shown)
+    if reasoning is not None:
+        arguments += ["--reasoning-parser", reasoning]
+    return arguments
 
 
 def _environment(config: VLLMConfig) -> dict[str, str]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args
 
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
+from fulgor.engine.chat_format import read_chat_template
 from fulgor.engine.loading import checkpoint_kind
 from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
@@ -688,6 +689,8 @@ class Trainer:
                 self._algorithm, model_dir, Path(self.engine.model), step, ranks
             )
         policy = load_policy(model_dir, self.engine.device, self._algorithm.lora, self._adapters)
+        if self.engine.chat_template:  # the checkpoints, and SFT's rows, carry the template served
+            policy.tokenizer.chat_template = read_chat_template(self.engine.chat_template)
         reference = None
         if self._algorithm.needs_reference_model:
             reference = load_policy(Path(self.engine.model), self.engine.device).model.eval()

@@ -347,9 +347,15 @@ def test_a_model_directory(tiny_model: Path, tmp_path: Path, capsys: pytest.Capt
     assert main(["doctor", "--model", str(tiny_model)]) == 0
     checks = lines_of(capsys.readouterr().out)
     assert checks["model"].startswith("OK")
-    assert "llama, 2048-token context, model.safetensors" in checks["model"]
+    assert (
+        "LlamaForCausalLM (llama), 645K parameters, 2048-token context, float32, model.safetensors"
+        in (checks["model"])
+    )
     assert checks["tokenizer"].startswith("OK")
-    assert checks["chat template"] == "OK      chat template: renders chat and tool definitions"
+    assert checks["chat template"] == (
+        "OK      chat template: the model's own template renders chat; it renders tool definitions; "
+        "tool calls parsed as hermes"
+    )
 
     # Without its chat template, chat calls cannot work: the line says what to do.
     bare = shutil.copytree(tiny_model, tmp_path / "bare")
@@ -380,8 +386,17 @@ def test_a_chat_template_that_refuses_tools_still_serves_chat(
     assert main(["doctor", "--model", str(model)]) == 0
     line = lines_of(capsys.readouterr().out)["chat template"]
     assert line.startswith("OK")
-    assert "renders chat, but refuses tool definitions" in line
-    assert "this model takes no tools" in line
+    assert "renders chat, but leaves tool definitions out: requests with tools are refused" in line
+    assert "serve it with --chat-template FILE" in line
+
+    # The template a user would serve it with instead is checked with the same option.
+    assert main(["doctor", "--model", str(model), "--chat-template", "chatml-tools"]) == 0
+    line = lines_of(capsys.readouterr().out)["chat template"]
+    assert line.startswith(
+        "OK      chat template: --chat-template chatml-tools renders chat; it renders tool"
+    )
+    assert main(["doctor", "--model", str(model), "--chat-template", str(tmp_path / "missing.jinja")]) == 1
+    assert lines_of(capsys.readouterr().out)["chat template"].startswith("FAIL")
 
 
 def test_a_lora_adapter_is_checked_with_its_base(

@@ -166,6 +166,10 @@ REFUSED = {
         ["--train", "tasks.jsonl", "--upstream-model", "gpt"],
         "--upstream-model, --upstream-key-env and --no-token-ids go with --upstream URL",
     ),
+    "chat template that does not exist": (
+        ["--train", "tasks.jsonl", "--chat-template", "missing.jinja"],
+        "--chat-template missing.jinja: no such file, and not a template fulgor ships",
+    ),
     "ray address without ray runners": (
         ["--train", "tasks.jsonl", "--ray-address", "auto"],
         "--ray-address names the Ray cluster of --runners ray",
@@ -227,6 +231,10 @@ def test_bad_settings_are_usage_errors(
             "--algorithm sft changes the model's",
         ),
         (["--train", "tasks.jsonl", "--dev", "--upstream-key-env", "FULGOR_TEST_UNSET"], "is not set"),
+        (
+            ["--train", "tasks.jsonl", "--dev", "--chat-template", "chatml-tools"],
+            "--chat-template go with the engine fulgor starts on --model",
+        ),
     ],
 )
 def test_training_on_an_upstream_is_refused_before_anything_starts(

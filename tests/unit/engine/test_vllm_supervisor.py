@@ -303,3 +303,25 @@ def test_an_adapter_as_the_model_launches_its_base_and_loads_it(tmp_path: Path) 
     assert without_lora.pid is not None
     assert not process_group(without_lora.pid)  # the launched vLLM was stopped
     without_lora.stop()
+
+
+def test_the_template_and_parsers_are_the_ones_fulgors_engine_would_use(tmp_path: Path) -> None:
+    from fulgor.engine.chat_format import SHIPPED_TEMPLATES
+    from fulgor.errors import ConfigError
+
+    (tmp_path / "chat_template.jinja").write_text(SHIPPED_TEMPLATES["llama3-json-tools"])
+    command = build_command(VLLMConfig(model=tmp_path), str(tmp_path), 1)
+    assert _flag(command, "--tool-call-parser") == "llama3_json"  # detected from the model's own
+    assert "--chat-template" not in command
+    assert "--reasoning-parser" not in command
+
+    config = VLLMConfig(model=tmp_path, chat_template="gemma3-pythonic-tools", reasoning_parser="deepseek_r1")
+    command = build_command(config, str(tmp_path), 1)
+    assert _flag(command, "--chat-template") == SHIPPED_TEMPLATES["gemma3-pythonic-tools"]
+    assert _flag(command, "--tool-call-parser") == "pythonic"
+    assert _flag(command, "--reasoning-parser") == "deepseek_r1"
+
+    named = build_command(VLLMConfig(model=tmp_path, tool_call_parser="mistral"), str(tmp_path), 1)
+    assert _flag(named, "--tool-call-parser") == "mistral"
+    with pytest.raises(ConfigError, match="no tool-call parser is called 'granite'"):
+        build_command(VLLMConfig(model=tmp_path, tool_call_parser="granite"), str(tmp_path), 1)

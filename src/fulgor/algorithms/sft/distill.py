@@ -144,7 +144,10 @@ def render_transcript(
     for number, ((start, end), index) in enumerate(zip(runs, transcript.turns, strict=True), start=1):
         ids = [t for t in row.token_ids[start:end] if t not in stop_token_ids]
         problem = _differs(
-            tokenizer.decode(ids, skip_special_tokens=True), transcript.messages[index], tools_active
+            tokenizer,
+            tokenizer.decode(ids, skip_special_tokens=True),
+            transcript.messages[index],
+            tools_active,
         )
         if problem is not None:
             return f"teacher turn {number}: {problem}"
@@ -167,11 +170,11 @@ def _trained_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _differs(text: str, turn: dict[str, Any], tools_active: bool) -> str | None:
+def _differs(tokenizer: Any, text: str, turn: dict[str, Any], tools_active: bool) -> str | None:
     """Why the student's rendering of ``turn``, parsed as its engine parses output, is not ``turn``."""
-    from fulgor.engine.output import parse_chat_output
+    from fulgor.engine.chat_format import ChatFormat
 
-    parsed = parse_chat_output(text, tools_active)
+    parsed = ChatFormat.own(tokenizer).parse(text, tools_active)
     wanted = [
         (call["function"]["name"], json.loads(call["function"]["arguments"] or "{}"))
         for call in turn.get("tool_calls") or ()
