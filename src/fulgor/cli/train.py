@@ -50,6 +50,7 @@ from fulgor.errors import ConfigError, FulgorError
 if TYPE_CHECKING:
     from fulgor.agent.base import Runnable
     from fulgor.algorithms.base import Algorithm, ResourceAlgorithm
+    from fulgor.algorithms.lora import LoraConfig
     from fulgor.training import Trainer
 
 __all__ = ["check_model_dir", "read_tasks", "register"]
@@ -182,6 +183,30 @@ def register(subparsers: Any) -> None:
         metavar="REGEX",
         help="train only the calls of agents whose name this regular expression matches (a multi-agent "
         "system: names come from X-Fulgor-Agent headers or the agent's OpenTelemetry spans)",
+    )
+    lora = parser.add_argument_group("LoRA (GRPO and SFT): train a low-rank adapter instead of all weights")
+    lora.add_argument(
+        "--lora-rank",
+        type=positive_int,
+        metavar="R",
+        help="train a LoRA adapter of rank R over frozen weights; each checkpoint holds only the adapter",
+    )
+    lora.add_argument(
+        "--lora-alpha", type=positive_float, metavar="A", help="the update is scaled by A/R (default 2R)"
+    )
+    lora.add_argument(
+        "--lora-dropout",
+        type=non_negative_float,
+        default=0.0,
+        metavar="P",
+        help="dropout on the adapter (default 0)",
+    )
+    lora.add_argument(
+        "--lora-target-modules",
+        nargs="+",
+        metavar="NAME",
+        help="the modules that get an adapter, e.g. q_proj v_proj (default: every linear layer but the "
+        "output head)",
     )
     sft = parser.add_argument_group("SFT (--algorithm sft)")
     sft.add_argument(
@@ -375,6 +400,7 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
             "the upstream's API key in it"
         )
     _check_chat_options(args)
+    _check_lora_options(args)
     _check_runner_options(args)
     if args.evaluate and args.run_dir is None and args.upstream is None:
         raise ConfigError(
@@ -398,8 +424,25 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
     run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     _check_run_dir(run_dir)
     if not (args.dev or args.evaluate):
-        _check_continuation(run_dir, args.no_resume)
+        _check_continuation(run_dir, args.no_resume, lora=args.lora_rank is not None)
     return _Job(train=train, val=val, run_dir=run_dir)
+
+
+def _check_lora_options(args: argparse.Namespace) -> None:
+    """LoRA's shape goes with --lora-rank, on an algorithm that trains weights, in one process."""
+    shaped = args.lora_alpha is not None or args.lora_dropout or args.lora_target_modules
+    if args.lora_rank is None and shaped:
+        raise ConfigError(
+            "--lora-alpha, --lora-dropout and --lora-target-modules shape the adapter of --lora-rank R"
+        )
+    if args.lora_rank is None:
+        return
+    if args.algorithm == "apo":
+        raise ConfigError("--lora-rank trains an adapter; --algorithm apo trains prompts: drop --lora-rank")
+    if args.nproc > 1:
+        raise ConfigError(
+            "--nproc shards the update of all weights; a LoRA adapter trains in one process: drop --nproc"
+        )
 
 
 _CHAT_OPTIONS = ("chat_template", "tool_call_parser", "reasoning_parser")
@@ -481,9 +524,9 @@ def _check_run_dir(run_dir: Path) -> None:
         raise ConfigError(f"--run-dir {run_dir}: {existing} is not writable; pass a directory you can write")
 
 
-def _check_continuation(run_dir: Path, no_resume: bool) -> None:
-    """Training continues a run's checkpoints: refused with --no-resume, and for LoRA adapters
-    (the command trains all weights)."""
+def _check_continuation(run_dir: Path, no_resume: bool, *, lora: bool) -> None:
+    """Training continues a run's checkpoints: refused with --no-resume, and when the run trained
+    the other way (all weights, or a LoRA adapter)."""
     from fulgor.engine.loading import adapter_set, checkpoint_kind
     from fulgor.training.checkpoints import latest_checkpoint
 
@@ -496,11 +539,17 @@ def _check_continuation(run_dir: Path, no_resume: bool) -> None:
             f"--run-dir {run_dir} already holds checkpoints up to step {step}; pick a new "
             "--run-dir, or drop --no-resume to continue that run"
         )
-    if adapter_set(path) is not None or checkpoint_kind(path) == "lora":
+    if adapter_set(path) is not None:
         raise ConfigError(
-            f"--run-dir {run_dir} holds LoRA adapter checkpoints (up to step {step}), and fulgor train "
-            "trains all weights; pick a new --run-dir, or continue that run from Python with "
-            "Trainer and GRPO(lora=LoraConfig(...))"
+            f"--run-dir {run_dir} holds one LoRA adapter per agent (up to step {step}); pick a new "
+            "--run-dir, or continue that run from Python with Trainer and GRPO(adapters=...)"
+        )
+    if (checkpoint_kind(path) == "lora") != lora:
+        trained, asked = ("a LoRA adapter", "all weights") if not lora else ("all weights", "a LoRA adapter")
+        raise ConfigError(
+            f"--run-dir {run_dir} trained {trained} (checkpoints up to step {step}) and this command trains "
+            f"{asked}; pick a new --run-dir, or continue it as it trained "
+            f"({'with --lora-rank R' if not lora else 'without --lora-rank'})"
         )
 
 
@@ -578,13 +627,14 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
         "agent_match": args.agent_match,
     }
     learning_rate = args.learning_rate or _LEARNING_RATES[args.algorithm]
+    lora = _lora(args)
     if args.algorithm == "grpo":
         config = GRPOConfig(
             learning_rate=learning_rate,
             gradient_checkpointing=args.gradient_checkpointing,
             compute_dtype=args.compute_dtype,
         )
-        return GRPO(**common, config=config)
+        return GRPO(**common, config=config, lora=lora)
     # Without training the rule plays no part, and may be left out.
     ruleless = args.min_reward is None and args.top_k is None and args.from_run is None
     return SFT(
@@ -594,7 +644,18 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
         from_run=args.from_run,
         batch_size=args.batch_size,
         config=SFTConfig(learning_rate=learning_rate),
+        lora=lora,
     )
+
+
+def _lora(args: argparse.Namespace) -> LoraConfig | None:
+    from fulgor.algorithms.lora import LoraConfig
+
+    if args.lora_rank is None:
+        return None
+    targets = tuple(args.lora_target_modules) if args.lora_target_modules else "all-linear"
+    alpha = args.lora_alpha if args.lora_alpha is not None else 2.0 * args.lora_rank
+    return LoraConfig(rank=args.lora_rank, alpha=alpha, dropout=args.lora_dropout, target_modules=targets)
 
 
 def _trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:

@@ -14,7 +14,9 @@ the base they go over, in ``step-N/adapters.json``.
 
 Checkpoints are pruned as training goes (:func:`prune_checkpoints`): the newest few stay, and so
 does the one with the best validation accuracy; the others are renamed to a hidden name first and
-then removed, so a checkpoint that is half deleted is never taken for one to resume from.
+then removed, so a checkpoint that is half deleted is never taken for one to resume from. Only the
+newest keeps its optimiser state (:func:`drop_old_training_state`): a run resumes from the newest,
+and an AdamW state is twice the weights, so a run's disk use would otherwise grow with its steps.
 
 Needs ``fulgor[torch]``.
 """
@@ -40,11 +42,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADAPTERS_FILE",
+    "OPTIMIZER_DIR",
     "TRAINING_STATE_FILE",
     "AdapterSet",
     "Policy",
     "adapter_set",
     "checkpoint_accuracies",
+    "drop_old_training_state",
     "kept_checkpoints",
     "latest_checkpoint",
     "load_policy",
@@ -59,6 +63,8 @@ logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PRUNED_DIR = re.compile(r"^\.step-\d+\.pruned$")
 TRAINING_STATE_FILE = "training_state.pt"
+OPTIMIZER_DIR = "optimizer"
+"""The optimiser's shards, when several ranks saved the checkpoint (:mod:`fulgor.training.distributed`)."""
 
 
 @dataclass
@@ -280,6 +286,27 @@ def prune_checkpoints(checkpoints: Path, keep: int, val_accuracy: Mapping[int, f
     found = _complete_checkpoints(checkpoints)
     kept = kept_checkpoints(found, keep, val_accuracy)
     return [step for step in sorted(found.keys() - kept) if _delete(found[step])]
+
+
+def drop_old_training_state(checkpoints: Path) -> list[int]:
+    """Remove the training state (``training_state.pt``, the optimiser's shards) of every complete
+    checkpoint but the newest, whose state a resumed run continues from; returns their steps. Their
+    weights stay: they serve, evaluate and warm-start as before. A removal that fails is logged."""
+    found = _complete_checkpoints(checkpoints)
+    dropped = []
+    for step in sorted(found)[:-1]:
+        state, shards = found[step] / TRAINING_STATE_FILE, found[step] / OPTIMIZER_DIR
+        if not state.exists() and not shards.exists():
+            continue
+        try:
+            state.unlink(missing_ok=True)
+            if shards.exists():
+                shutil.rmtree(shards)
+        except OSError as error:
+            logger.warning("could not remove the training state of %s: %s", found[step], error)
+            continue
+        dropped.append(step)
+    return dropped
 
 
 def _delete(checkpoint: Path) -> bool:

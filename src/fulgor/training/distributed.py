@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from fulgor.adapters.trajectory import Trajectory
 from fulgor.engine.loading import no_progress_bars
 from fulgor.errors import ConfigError
-from fulgor.training.checkpoints import Policy, load_policy, load_training_state
+from fulgor.training.checkpoints import OPTIMIZER_DIR, Policy, load_policy, load_training_state
 
 if TYPE_CHECKING:
     from fulgor.algorithms.base import Algorithm
@@ -71,7 +71,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_DIR = "optimizer"
 # How long a rank waits for the next command: rank 0 collects a step's rollouts meanwhile.
 COMMAND_TIMEOUT = datetime.timedelta(hours=24)
 RANKS_STORE_ENV = "FULGOR_RANKS_STORE"

@@ -45,6 +45,7 @@ from fulgor.training.checkpoints import (
     Policy,
     adapter_set,
     checkpoint_accuracies,
+    drop_old_training_state,
     latest_checkpoint,
     load_policy,
     load_training_state,
@@ -580,11 +581,15 @@ class Trainer:
 
     async def prune_checkpoints(self, step: int) -> None:
         """Delete the checkpoints that are neither among the newest ``keep_checkpoints`` nor the best
-        validated one (by every validation in ``metrics.jsonl``, earlier sessions' too).
+        validated one (by every validation in ``metrics.jsonl``, earlier sessions' too), and the
+        optimiser state of every one but the newest.
 
         Runs after ``log_metrics``, so step N's own accuracy counts. A checkpoint that cannot be
         deleted is logged and training goes on; unreadable metrics leave every checkpoint in place.
         """
+        dropped = await asyncio.to_thread(drop_old_training_state, self.checkpoints_dir)
+        if dropped:
+            logger.info("step %d: optimiser state removed from the checkpoints of steps %s", step, dropped)
         if self.keep_checkpoints == 0:
             return
         try:

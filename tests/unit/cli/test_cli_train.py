@@ -125,9 +125,26 @@ REFUSED = {
         ["--train", "tasks.jsonl", "--run-dir", "old-run", "--no-resume"],
         "old-run already holds checkpoints up to step 3",
     ),
-    "LoRA checkpoints": (
+    "LoRA checkpoints, all weights asked": (
         ["--train", "tasks.jsonl", "--run-dir", "lora-run"],
-        "lora-run holds LoRA adapter checkpoints (up to step 2)",
+        "lora-run trained a LoRA adapter (checkpoints up to step 2) and this command trains all weights; "
+        "pick a new --run-dir, or continue it as it trained (with --lora-rank R)",
+    ),
+    "full checkpoints, LoRA asked": (
+        ["--train", "tasks.jsonl", "--run-dir", "old-run", "--lora-rank", "4"],
+        "old-run trained all weights (checkpoints up to step 3) and this command trains a LoRA adapter",
+    ),
+    "LoRA shape without a rank": (
+        ["--train", "tasks.jsonl", "--lora-alpha", "8"],
+        "--lora-alpha, --lora-dropout and --lora-target-modules shape the adapter of --lora-rank R",
+    ),
+    "LoRA across processes": (
+        ["--train", "tasks.jsonl", "--lora-rank", "4", "--nproc", "2"],
+        "a LoRA adapter trains in one process: drop --nproc",
+    ),
+    "LoRA on prompts": (
+        ["--train", "tasks.jsonl", "--algorithm", "apo", "--lora-rank", "4"],
+        "--algorithm apo trains prompts: drop --lora-rank",
     ),
     "run dir below a file": (
         ["--train", "tasks.jsonl", "--run-dir", "module.txt/run"],
@@ -780,3 +797,37 @@ def test_demo_runs_from_the_checkout(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "held-out test accuracy" in result.stdout
     assert [m["step"] for m in read_metrics(tmp_path / "calc" / "grpo")] == [0, 1]
+
+
+def test_lora_from_the_command_line_trains_an_adapter_and_keeps_one_optimiser_state(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """--lora-rank: each checkpoint is an adapter, only the newest holds the optimiser state, and the
+    run continues as it trained."""
+    (tmp_path / "calls.py").write_text(AGENT)
+    write_tasks(tmp_path / "tasks.jsonl", TASKS)
+    run = tmp_path / "run"
+    argv = ["--agent", "calls:solve", "--model", str(tiny_model), "--device", "cpu", "--run-dir", str(run)]
+    argv += ["--train", "tasks.jsonl", "--group-size", "2", "--batch-tasks", "2", "--max-tokens", "8"]
+    argv += ["--n-runners", "1", "--lora-rank", "4", "--lora-target-modules", "q_proj", "v_proj"]
+    argv += ["--keep-checkpoints", "0"]
+    result = fulgor_train(tmp_path, *argv, "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    steps = sorted((run / "checkpoints").iterdir())
+    assert [p.name for p in steps] == ["step-1", "step-2"]
+    for checkpoint in steps:
+        config = json.loads((checkpoint / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (
+            4,
+            8,
+            ["q_proj", "v_proj"],
+        )
+        assert not (checkpoint / "model.safetensors").exists()  # the adapter only
+    assert not (steps[0] / "training_state.pt").exists()
+    assert (steps[1] / "training_state.pt").is_file()
+
+    resumed = fulgor_train(tmp_path, *argv, "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
+    assert not (run / "checkpoints" / "step-2" / "training_state.pt").exists()
+    assert (run / "checkpoints" / "step-3" / "training_state.pt").is_file()

@@ -372,3 +372,28 @@ def test_pruning_leaves_a_checkpoint_being_written_and_unreadable_metrics_leave_
     with caplog.at_level(logging.WARNING):
         assert session.step(3) == names(2, 3)  # which one is the best is unknown: none goes
     assert "checkpoints left in place, not pruned" in caplog.text
+
+
+def test_only_the_newest_checkpoint_keeps_its_training_state(tmp_path: Path) -> None:
+    from fulgor.training.checkpoints import OPTIMIZER_DIR, TRAINING_STATE_FILE, drop_old_training_state
+
+    for step in (1, 2, 3):
+        checkpoint = tmp_path / f"step-{step}"
+        (checkpoint / OPTIMIZER_DIR).mkdir(parents=True)
+        (checkpoint / OPTIMIZER_DIR / "shard-0").write_bytes(b"s")
+        (checkpoint / "config.json").write_text("{}")
+        (checkpoint / "model.safetensors").write_bytes(b"w")
+        (checkpoint / TRAINING_STATE_FILE).write_bytes(b"t")
+    (tmp_path / ".step-4.partial").mkdir()
+    (tmp_path / ".step-4.partial" / TRAINING_STATE_FILE).write_bytes(b"t")  # being written: untouched
+
+    assert drop_old_training_state(tmp_path) == [1, 2]
+    for step in (1, 2):
+        assert sorted(p.name for p in (tmp_path / f"step-{step}").iterdir()) == [
+            "config.json",
+            "model.safetensors",
+        ]
+    assert (tmp_path / "step-3" / TRAINING_STATE_FILE).is_file()
+    assert (tmp_path / "step-3" / OPTIMIZER_DIR / "shard-0").is_file()
+    assert (tmp_path / ".step-4.partial" / TRAINING_STATE_FILE).is_file()
+    assert drop_old_training_state(tmp_path) == []  # nothing left to drop
