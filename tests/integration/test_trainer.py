@@ -342,7 +342,8 @@ def test_async_rollouts_overlap_the_update_and_drop_the_stale_ones(
         # Step N's rollouts were all enqueued before step N-1's update was saved: they ran during it
         # (when step N-1 had something to train on; all stale, it publishes at once).
         if "loss" in history[step - 2]:
-            saved = (run_dir / "checkpoints" / f"step-{step - 1}" / "training_state.pt").stat().st_mtime
+            # (the weights are written once the update is done; only the newest keeps its optimiser state)
+            saved = (run_dir / "checkpoints" / f"step-{step - 1}" / "model.safetensors").stat().st_mtime
             assert max(r.enqueue_time for r in by_step[step]) < saved, step
     for line in history:
         # The policy updated at step N is version N-1; max_staleness=0 drops every rollout with a

@@ -26,6 +26,7 @@ from typing import Any
 
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
 from fulgor.adapters.transcripts import Transcript, Unusable, rollout_transcripts
+from fulgor.engine.errors import EngineError
 from fulgor.errors import ConfigError
 from fulgor.store.base import Store
 
@@ -130,7 +131,7 @@ def render_transcript(
             stop_token_ids=stop_token_ids,
             turns=transcript.turns,
         )
-    except ConfigError as error:
+    except (ConfigError, EngineError) as error:  # a template that leaves tools out, say
         return f"the student's chat template cannot render it: {error.message}"
     except Exception as error:  # a template's own failure (jinja raising on a role it lacks, say)
         return f"the student's chat template fails on it: {type(error).__name__}: {str(error)[:64]}"
