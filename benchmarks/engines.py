@@ -13,10 +13,12 @@ then, for each engine in turn (never both at once):
   from the call until the new weights serve.
 
 vLLM's CPU build refuses a head size of 16 (``tiny``: it starts, then answers 500); such a row says
-why instead of numbers.
+why instead of numbers. ``--model DIR`` measures a model directory too (a real pretrained model,
+such as SmolLM2-135M-Instruct made from its GGUF file by ``fulgor model import``), served in
+float32 by both engines; ``--sizes`` with no size measures that model alone.
 Prints a table and ends with one ``RESULT name=value ...`` line.
 
-    .venv/bin/python benchmarks/engines.py [--sizes tiny small] [--max-tokens 64] [--threads 1]
+    .venv/bin/python benchmarks/engines.py [--sizes tiny small] [--model DIR] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -203,20 +205,20 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
         f"{os.cpu_count()} cores; publish: median of {args.publishes}"
     )
     header = (
-        f"{'engine':<6} | {'model':<6} | {'c=1 tok/s':>9} | {'c=16 tok/s':>10} | {'c=64 tok/s':>10} | "
+        f"{'engine':<6} | {'model':<8} | {'c=1 tok/s':>9} | {'c=16 tok/s':>10} | {'c=64 tok/s':>10} | "
         f"{'publish s':>9} | {'start s':>7}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         if row.refused:
-            print(f"{row.engine:<6} | {row.size:<6} | not served: {row.refused}")
+            print(f"{row.engine:<6} | {row.size:<8} | not served: {row.refused}")
             continue
         tps = " | ".join(
             f"{row.tokens_per_second[c]:>{w}.0f}" for c, w in zip(CONCURRENCY, (9, 10, 10), strict=True)
         )
         print(
-            f"{row.engine:<6} | {row.size:<6} | {tps} | {statistics.median(row.publish_seconds):>9.3f} | "
+            f"{row.engine:<6} | {row.size:<8} | {tps} | {statistics.median(row.publish_seconds):>9.3f} | "
             f"{row.startup_seconds or 0:>7.1f}"
         )
 
@@ -239,7 +241,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--sizes", nargs="*", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--model", type=Path, help="also a model directory (its name labels its rows)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--publishes", type=int, default=3)
     # One by default: on 2 cores shared with other jobs, vLLM with 2 OpenMP threads generated
@@ -253,8 +256,10 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fulgor-bench-") as tmp:
         root = Path(tmp)
-        for size in args.sizes:
-            model = init_model(root / size, size, seed=0)  # type: ignore[arg-type]
+        models = [(size, init_model(root / size, size, seed=0)) for size in args.sizes]  # type: ignore[arg-type]
+        if args.model is not None:
+            models.append((args.model.name, args.model))
+        for size, model in models:
             moved = moved_copy(model, root / f"{size}-moved")
             rows.append(measure_local(size, model, moved, args))
             rows.append(measure_vllm(size, model, moved, args, root))
