@@ -23,6 +23,7 @@ from tests.real_models import SMOLLM2_GGUF, fetched, tokenizer_dir  # noqa: E402
 
 from fulgor.engine.app import create_app  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
+from fulgor.engine.model_import import is_gguf  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -127,6 +128,11 @@ def test_an_openai_sdk_history_with_tool_calls_renders_on_its_own_template(serve
 
 
 def test_bad_sources_are_refused_and_nothing_is_written(tmp_path: Path, smollm2: Path) -> None:
+    # GGUF is told by its first bytes: an Ollama blob has no extension.
+    blob = tmp_path / "sha256-6d3c0f"
+    blob.symlink_to(fetched(SMOLLM2_GGUF))
+    assert is_gguf(blob)
+    blob.unlink()
     text = tmp_path / "notes.txt"
     text.write_text("not a model")
     done = fulgor("model", "import", str(text), "--out", str(tmp_path / "a"))
