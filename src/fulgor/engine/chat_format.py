@@ -40,6 +40,7 @@ __all__ = [
     "SHIPPED_TEMPLATES",
     "ChatFormat",
     "check_chat_options",
+    "choose_parsers",
     "detect_reasoning_parser",
     "detect_tool_parser",
     "model_chat_template",
@@ -110,6 +111,20 @@ def check_chat_options(
         tool_parser(tool_call_parser)
     if reasoning is not None:
         reasoning_parser(reasoning)
+
+
+def choose_parsers(
+    template: str | None, tool_call_parser: str | None, reasoning: str | None
+) -> tuple[str, str | None]:
+    """The tool-call and reasoning parsers a model with ``template`` is served with: as named, else
+    detected from the template (``hermes`` when it shows no call format); the same for fulgor's
+    engine and vLLM. An unknown name is a ConfigError listing the known ones."""
+    parser = tool_call_parser or detect_tool_parser(template) or "hermes"
+    tool_parser(parser)
+    reasoning = reasoning or detect_reasoning_parser(template)
+    if reasoning is not None:
+        reasoning_parser(reasoning)
+    return parser, reasoning
 
 
 def model_chat_template(path: str | Path) -> str | None:
@@ -183,11 +198,7 @@ class ChatFormat:
         template = chat_template or getattr(tokenizer, "chat_template", None) or None
         if isinstance(template, dict):  # several named templates: the default one
             template = template.get("default")
-        parser = tool_call_parser or detect_tool_parser(template) or "hermes"
-        tool_parser(parser)
-        reasoning = reasoning or detect_reasoning_parser(template)
-        if reasoning is not None:
-            reasoning_parser(reasoning)
+        parser, reasoning = choose_parsers(template, tool_call_parser, reasoning)
         if template is None:
             return cls(None, parser, reasoning, False, False, False)
         return cls(
@@ -263,6 +274,7 @@ class ChatFormat:
     def normalise(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Agent history as this template accepts it (see the module's docstring)."""
         result: list[dict[str, Any]] = []
+        results_turn: dict[str, Any] | None = None  # the user turn the latest tool results went into
         for message in messages:
             turn = {**message, "content": "" if message.get("content") is None else message["content"]}
             calls = turn.get("tool_calls")
@@ -274,14 +286,11 @@ class ChatFormat:
                     turn["content"] = f"{text}\n{written}" if text else written
             if turn.get("role") == "tool" and not self.knows_tool_role:
                 block = f"<tool_response>\n{_text(turn['content'])}\n</tool_response>"
-                previous = result[-1] if result else None
-                if previous is not None and previous.get("fulgor_tool_results"):
-                    previous["content"] += "\n" + block
+                if results_turn is not None and result[-1] is results_turn:
+                    results_turn["content"] += "\n" + block
                     continue
-                turn = {"role": "user", "content": block, "fulgor_tool_results": True}
+                turn = results_turn = {"role": "user", "content": block}
             result.append(turn)
-        for turn in result:
-            turn.pop("fulgor_tool_results", None)
         return result
 
     def parse(self, text: str, tools_active: bool) -> ParsedOutput:

@@ -24,6 +24,7 @@ from fulgor.engine.errors import ModelLoadError
 
 __all__ = [
     "ADAPTERS_FILE",
+    "CONTEXT_LENGTH_KEYS",
     "AdapterSet",
     "CheckpointKind",
     "LoadedModel",
@@ -150,8 +151,12 @@ class LoadedModel:
     base_path: Path | None = None
 
 
+CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""The config fields that hold a model's context length, in the order they are read."""
+
+
 def _max_model_len(config: Any, tokenizer: Any) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for name in CONTEXT_LENGTH_KEYS:
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
             return value

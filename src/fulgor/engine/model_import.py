@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from fulgor.engine.errors import ModelLoadError
-from fulgor.engine.loading import no_progress_bars, require_transformers, resolve_dtype
+from fulgor.engine.loading import (
+    CONTEXT_LENGTH_KEYS,
+    no_progress_bars,
+    require_transformers,
+    resolve_dtype,
+)
 
 __all__ = ["GGUF_MAGIC", "ImportDtype", "ModelFacts", "describe_model", "import_model", "is_gguf"]
 
@@ -187,11 +192,7 @@ def describe_model(folder: Path) -> ModelFacts:
     nested = config.get("text_config")
     text_config: dict[str, Any] = nested if isinstance(nested, dict) else config
     context = next(
-        (
-            text_config[key]
-            for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
-            if isinstance(text_config.get(key), int)
-        ),
+        (text_config[key] for key in CONTEXT_LENGTH_KEYS if isinstance(text_config.get(key), int)),
         None,
     )
     architectures = config.get("architectures") or ["unknown architecture"]

@@ -56,16 +56,18 @@ class ResponseContext:
         text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    @property
+    def _format(self) -> ChatFormat:
+        return self.chat_format or ChatFormat.own(self.tokenizer)
+
     def parse(self, text: str, tools_active: bool) -> ParsedOutput:
         """A chat answer's text split by the model's parsers (reasoning, tool calls when active)."""
-        chat_format = self.chat_format or ChatFormat.own(self.tokenizer)
-        return chat_format.parse(text, tools_active)
+        return self._format.parse(text, tools_active)
 
     @property
     def parses_reasoning(self) -> bool:
         """Whether answers are split into reasoning and content (a stream then holds text back)."""
-        chat_format = self.chat_format or ChatFormat.own(self.tokenizer)
-        return chat_format.reasoning_parser is not None
+        return self._format.reasoning_parser is not None
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -59,10 +59,7 @@ def render_chat_ids(
     chat_format = chat_format or ChatFormat.own(tokenizer)
     rendered = [_template_message(m) for m in messages]
     text = chat_format.render(tokenizer, rendered, tools, add_generation_prompt=add_generation_prompt)
-    if max_model_len is not None:
-        least = fewest_tokens(tokenizer, text)
-        if least > max_model_len:
-            raise ContextLengthError(max_model_len, least, None, at_least=True)
+    _refuse_beyond_context(tokenizer, text, max_model_len)
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
     return ids
 
@@ -81,6 +78,14 @@ def fewest_tokens(tokenizer: Any, text: str) -> int:
     return len(text.encode("utf-8")) // max(longest, 1)
 
 
+def _refuse_beyond_context(tokenizer: Any, text: str, max_model_len: int | None) -> None:
+    """A ContextLengthError, before tokenising, for text that cannot fit ``max_model_len`` tokens."""
+    if max_model_len is not None:
+        least = fewest_tokens(tokenizer, text)
+        if least > max_model_len:
+            raise ContextLengthError(max_model_len, least, None, at_least=True)
+
+
 def completion_prompt_ids(
     tokenizer: Any, request: CompletionRequest, max_model_len: int | None = None
 ) -> list[list[int]]:
@@ -95,10 +100,8 @@ def completion_prompt_ids(
     vocab_size = len(tokenizer)
     result = []
     for item in prompts:
-        if isinstance(item, str) and max_model_len is not None:
-            least = fewest_tokens(tokenizer, item)
-            if least > max_model_len:
-                raise ContextLengthError(max_model_len, least, None, at_least=True)
+        if isinstance(item, str):
+            _refuse_beyond_context(tokenizer, item, max_model_len)
         ids = tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("the prompt is empty; send at least one token", param="prompt")

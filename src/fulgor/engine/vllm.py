@@ -49,13 +49,7 @@ from pathlib import Path
 
 from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine._vllm_weights import reload_view
-from fulgor.engine.chat_format import (
-    check_chat_options,
-    detect_reasoning_parser,
-    detect_tool_parser,
-    model_chat_template,
-    read_chat_template,
-)
+from fulgor.engine.chat_format import choose_parsers, model_chat_template, read_chat_template
 from fulgor.engine.errors import ModelLoadError, VLLMError
 from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
 from fulgor.net.sockets import bind_socket, is_loopback
@@ -141,14 +135,12 @@ def build_command(config: VLLMConfig, model: str, port: int) -> list[str]:
 def _chat_arguments(config: VLLMConfig, model: str) -> list[str]:
     """The template and parsers, as fulgor's own engine chooses them (:mod:`fulgor.engine.chat_format`):
     named, else detected from the template; vLLM reads a template given as text."""
-    check_chat_options(config.chat_template, config.tool_call_parser, config.reasoning_parser)
     template = read_chat_template(config.chat_template) if config.chat_template else None
     shown = template or model_chat_template(model)
-    parser = config.tool_call_parser or detect_tool_parser(shown) or "hermes"
+    parser, reasoning = choose_parsers(shown, config.tool_call_parser, config.reasoning_parser)
     arguments = ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if template is not None:
         arguments += ["--chat-template", template]
-    reasoning = config.reasoning_parser or detect_reasoning_parser(shown)
     if reasoning is not None:
         arguments += ["--reasoning-parser", reasoning]
     return arguments
