@@ -31,8 +31,8 @@ def add_update_arguments(grpo: Any, system: Any) -> None:
         "--compute-dtype",
         choices=COMPUTE_DTYPES,
         default="float32",
-        help="GRPO: the update's forward and backward in float32 (default) or under bfloat16 autocast "
-        "(weights and optimiser stay float32)",
+        help="GRPO and SFT: the update's forward and backward in float32 (default) or under bfloat16 "
+        "autocast (weights and optimiser stay float32)",
     )
     system.add_argument(
         "--nproc",
@@ -113,13 +113,11 @@ def check_update_options(args: argparse.Namespace) -> None:
     only), and matches torchrun's ``WORLD_SIZE`` when the command runs as one of
     its ranks."""
     training = not (args.dev or args.evaluate)
-    if (
-        training
-        and args.algorithm != "grpo"
-        and (args.gradient_checkpointing or args.compute_dtype != "float32")
-    ):
+    if training and args.algorithm != "grpo" and args.gradient_checkpointing:
+        raise ConfigError("--gradient-checkpointing sets GRPO's update; pass it with --algorithm grpo")
+    if training and args.algorithm not in ("grpo", "sft") and args.compute_dtype != "float32":
         raise ConfigError(
-            "--gradient-checkpointing and --compute-dtype set GRPO's update; pass them with --algorithm grpo"
+            "--compute-dtype sets the update of GRPO and SFT; pass it with --algorithm grpo or sft"
         )
     if args.nproc == 1:
         return

@@ -643,7 +643,7 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
         top_k=1 if ruleless else args.top_k,
         from_run=args.from_run,
         batch_size=args.batch_size,
-        config=SFTConfig(learning_rate=learning_rate),
+        config=SFTConfig(learning_rate=learning_rate, compute_dtype=args.compute_dtype),
         lora=lora,
     )
 

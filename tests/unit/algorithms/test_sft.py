@@ -158,6 +158,23 @@ def test_micro_batches_give_the_gradient_of_the_whole_batch(model_dir: Path) -> 
             assert torch.allclose(before.grad, after.grad, atol=1e-6)
 
 
+def test_bfloat16_computes_the_gradient_float32_gives_and_keeps_float32_weights(model_dir: Path) -> None:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    rows = [chat_row(tokenizer, TRANSCRIPT, TOOLS)]
+    gradients = {}
+    for dtype in ("float32", "bfloat16"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        SFTUpdater(model, SFTConfig(max_grad_norm=1e9, compute_dtype=dtype)).step_rows(rows)
+        gradients[dtype] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+    plain, bf16 = gradients["float32"], gradients["bfloat16"]
+    assert not torch.equal(bf16, plain)  # it did compute in bfloat16
+    assert float(torch.nn.functional.cosine_similarity(bf16, plain, dim=0)) > 0.99
+    assert float(bf16.norm()) == pytest.approx(float(plain.norm()), rel=0.05)
+    with pytest.raises(ConfigError, match="compute_dtype must be one of float32, bfloat16"):
+        SFTConfig(compute_dtype="float16")
+
+
 def test_rows_without_trained_tokens_are_refused(model_dir: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     with pytest.raises(ConfigError, match="loss mask 1"):

@@ -89,11 +89,24 @@ REFUSED = {
     "sft": (["--nproc", "2", "--algorithm", "sft", "--min-reward", "1"], "--algorithm sft trains in one"),
     "checkpointing with sft": (
         ["--algorithm", "sft", "--min-reward", "1", "--gradient-checkpointing"],
-        "pass them with --algorithm grpo",
+        "pass it with --algorithm grpo",
     ),
-    "bfloat16 with sft": (
-        ["--algorithm", "sft", "--min-reward", "1", "--compute-dtype", "bfloat16"],
-        "pass them with --algorithm grpo",
+    "bfloat16 with apo": (
+        [
+            "--algorithm",
+            "apo",
+            "--prompt",
+            "prompt_template=prompt.txt",
+            "--val",
+            "tasks.jsonl",
+            "--optimizer-url",
+            "http://127.0.0.1:9/v1",
+            "--optimizer-model",
+            "critic",
+            "--compute-dtype",
+            "bfloat16",
+        ],
+        "pass it with --algorithm grpo or sft",
     ),
 }
 

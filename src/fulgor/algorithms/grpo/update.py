@@ -299,6 +299,18 @@ def compute_advantages(trajectories: list[Trajectory], estimator: str) -> tuple[
     return advantages, int((~signal).sum())
 
 
+def compute_autocast(model: Any, compute_dtype: str) -> contextlib.AbstractContextManager[Any]:
+    """bfloat16 autocast on ``model``'s device with ``compute_dtype="bfloat16"``, else nothing: the
+    weights, their gradients and the optimiser stay float32 (on a CPU with AMX or AVX512-BF16 the
+    matrix products run about twice as fast)."""
+    import torch
+
+    if compute_dtype != "bfloat16":
+        return contextlib.nullcontext()
+    device = next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
 def token_logprobs(
     model: Any,
     input_ids: torch.Tensor,
@@ -553,13 +565,7 @@ class PolicyUpdater:
         return waves(batch, self.config.micro_batch_size, share)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bfloat16 autocast on the model's device with ``compute_dtype="bfloat16"``, else nothing."""
-        import torch
-
-        if self.config.compute_dtype != "bfloat16":
-            return contextlib.nullcontext()
-        device = next(self.model.parameters()).device
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return compute_autocast(self.model, self.config.compute_dtype)
 
     def _kl_on(self) -> bool:
         return self.reference_model is not None and self.config.kl_coef > 0

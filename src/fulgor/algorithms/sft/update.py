@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fulgor.adapters.trajectory import Trajectory, TrajectoryRow
-from fulgor.algorithms.grpo.update import collate, forward_prefixes, shares_prefixes, token_logprobs, waves
+from fulgor.algorithms.grpo.config import COMPUTE_DTYPES
+from fulgor.algorithms.grpo.update import (
+    collate,
+    compute_autocast,
+    forward_prefixes,
+    shares_prefixes,
+    token_logprobs,
+    waves,
+)
 from fulgor.errors import ConfigError
 
 __all__ = ["SFTConfig", "SFTUpdater", "chat_row"]
@@ -22,12 +30,15 @@ __all__ = ["SFTConfig", "SFTUpdater", "chat_row"]
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """How the fine-tuning step behaves."""
+    """How the fine-tuning step behaves. ``compute_dtype="bfloat16"`` runs the forward and backward
+    under bfloat16 autocast (the weights, their gradients and the optimiser stay float32), as
+    :class:`~fulgor.algorithms.grpo.GRPOConfig`'s does."""
 
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     micro_batch_size: int = 16
     max_grad_norm: float = 1.0
+    compute_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.learning_rate <= 0:
@@ -38,6 +49,10 @@ class SFTConfig:
             raise ConfigError(
                 f"max_grad_norm must be > 0 (pass a large value to leave gradients unclipped), "
                 f"got {self.max_grad_norm}"
+            )
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ConfigError(
+                f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {self.compute_dtype!r}"
             )
 
 
@@ -161,11 +176,13 @@ class SFTUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for wave in waves(batch, self.config.micro_batch_size, shares_prefixes(self.model, batch)):
-            prefixes = forward_prefixes(self.model, wave)  # tokens rows share run once per wave
+            with compute_autocast(self.model, self.config.compute_dtype):
+                prefixes = forward_prefixes(self.model, wave)  # tokens rows share run once per wave
             for part in wave.parts:
-                logprobs, _ = token_logprobs(
-                    self.model, part.input_ids, part.attention_mask, part.loss_mask, prefixes
-                )
+                with compute_autocast(self.model, self.config.compute_dtype):
+                    logprobs, _ = token_logprobs(
+                        self.model, part.input_ids, part.attention_mask, part.loss_mask, prefixes
+                    )
                 loss = -(logprobs * part.loss_mask).sum() / total
                 loss.backward()  # type: ignore[no-untyped-call]
                 loss_sum += float(loss.detach())
