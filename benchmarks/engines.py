@@ -90,10 +90,12 @@ def moved_copy(model: Path, out: Path) -> Path:
     return out
 
 
-async def _tokens_per_second(url: str, model: str, concurrency: int, max_tokens: int) -> float:
-    requests = SEQUENTIAL_REQUESTS if concurrency == 1 else concurrency
+async def _tokens_per_second(
+    url: str, model: str, concurrency: int, max_tokens: int, sequential: int = SEQUENTIAL_REQUESTS
+) -> float:
+    requests = sequential if concurrency == 1 else concurrency
     semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=max(CONCURRENCY))
+    limits = httpx.Limits(max_connections=max(concurrency, *CONCURRENCY))
     async with httpx.AsyncClient(base_url=url, timeout=900, limits=limits) as client:
 
         async def one(i: int) -> int:
@@ -117,9 +119,17 @@ async def _tokens_per_second(url: str, model: str, concurrency: int, max_tokens:
         return tokens / (time.perf_counter() - started)
 
 
-def _measure_serving(row: Row, url: str, model: str, max_tokens: int) -> None:
-    for concurrency in CONCURRENCY:
-        tps = asyncio.run(_tokens_per_second(url, model, concurrency, max_tokens))
+def measure_serving(
+    row: Row,
+    url: str,
+    model: str,
+    max_tokens: int,
+    concurrency_levels: tuple[int, ...] = CONCURRENCY,
+    sequential: int = SEQUENTIAL_REQUESTS,
+) -> None:
+    """Generated tokens/s at each concurrency into ``row`` (at 1: ``sequential`` requests in turn)."""
+    for concurrency in concurrency_levels:
+        tps = asyncio.run(_tokens_per_second(url, model, concurrency, max_tokens, sequential))
         row.tokens_per_second[concurrency] = tps
         print(f"  {row.engine} {row.size} c={concurrency}: {tps:.0f} tok/s", flush=True)
 
@@ -139,7 +149,7 @@ def measure_local(size: str, model: Path, moved: Path, args: argparse.Namespace)
     engine = LocalEngine.from_config(EngineConfig(model=model, device="cpu", seed=0, admin_token="bench"))
     with ServerThread(create_app(engine)) as server:
         row.startup_seconds = time.perf_counter() - started
-        _measure_serving(row, server.url, engine.model_name, args.max_tokens)
+        measure_serving(row, server.url, engine.model_name, args.max_tokens)
 
         def publish(checkpoint: Path) -> None:  # over HTTP, as vLLM's reload is
             body = {"path": str(checkpoint)}
@@ -189,7 +199,7 @@ def measure_vllm(size: str, model: Path, moved: Path, args: argparse.Namespace, 
         return row
     try:
         row.startup_seconds = time.perf_counter() - started
-        _measure_serving(row, server.url, server.model_name, args.max_tokens)
+        measure_serving(row, server.url, server.model_name, args.max_tokens)
         row.publish_seconds = _time_publishes(server.reload_weights, [moved, model], args.publishes)
     except NotServedError as error:
         log = config.log_path.read_text(errors="replace") if config.log_path else ""

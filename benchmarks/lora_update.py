@@ -38,13 +38,20 @@ from grpo_step import Spec, make_batch, trained_tokens, trajectories
 LEARNING_RATE = 1e-5
 
 
-def updater_for(model_dir: Path, rank: int | None, spec: Spec) -> tuple[PolicyUpdater, Any]:
+def updater_for(
+    model_dir: Path, rank: int | None, spec: Spec, device: str = "cpu", compute_dtype: str = "float32"
+) -> tuple[PolicyUpdater, Any]:
+    """The model's float32 weights on ``device`` (with a fresh adapter of ``rank``) and an updater;
+    ``compute_dtype`` is the update's autocast (``GRPOConfig.compute_dtype``)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = model.to(device)
     if rank is not None:
         model = add_adapter(model, LoraConfig(rank=rank, alpha=2.0 * rank), model_dir)
-    config = GRPOConfig(learning_rate=LEARNING_RATE, micro_batch_size=spec.micro_batch)
+    config = GRPOConfig(
+        learning_rate=LEARNING_RATE, micro_batch_size=spec.micro_batch, compute_dtype=compute_dtype
+    )
     return PolicyUpdater(model, config), model
 
 
@@ -55,14 +62,22 @@ def optimiser_megabytes(updater: PolicyUpdater) -> float:
 
 
 def timed_steps(
-    model_dir: Path, rank: int | None, spec: Spec, groups: list[dict[str, Any]]
+    model_dir: Path,
+    rank: int | None,
+    spec: Spec,
+    groups: list[dict[str, Any]],
+    device: str = "cpu",
+    compute_dtype: str = "float32",
 ) -> tuple[list[float], float]:
-    updater, model = updater_for(model_dir, rank, spec)
+    """One untimed step, then ``spec.steps`` timed ones: their seconds, and the optimiser state's MB."""
+    updater, model = updater_for(model_dir, rank, spec, device, compute_dtype)
     batch = trajectories(groups)
     seconds = []
     for i in range(1 + spec.steps):
         started = time.perf_counter()
         metrics = updater.step(batch)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()  # the step's kernels done, not only queued
         elapsed = time.perf_counter() - started
         if metrics["trained_tokens"] != trained_tokens(groups):
             raise RuntimeError(
