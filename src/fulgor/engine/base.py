@@ -42,7 +42,9 @@ class Engine(Protocol):
       naming its version; without it, the caller stops the calls first.
     - :attr:`chat_format` is the chat template the engine renders with and its tool-call and
       reasoning parser names (:mod:`fulgor.engine.chat_format`); None when fulgor does not know
-      them.
+      them. :attr:`history_format` is the format the gateway normalises agent history to before
+      it forwards a chat call: set for an engine that renders history as it comes (vLLM) with a
+      template that cannot render tool calls or tool results; None when nothing needs doing.
     """
 
     @property
@@ -83,6 +85,11 @@ class Engine(Protocol):
     @property
     def chat_format(self) -> ChatFormat | None:
         """The chat template and the tool-call and reasoning parsers served; None when unknown."""
+        ...
+
+    @property
+    def history_format(self) -> ChatFormat | None:
+        """The chat format the gateway normalises chat history to first; None: sent as it is."""
         ...
 
     async def start(self) -> None:

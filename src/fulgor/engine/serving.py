@@ -81,6 +81,11 @@ class LocalEngineServer:
     def chat_format(self) -> ChatFormat | None:
         return None if self._engine is None else self._engine.chat_format
 
+    @property
+    def history_format(self) -> None:
+        """None: the engine normalises history itself, before rendering."""
+        return None
+
     async def start(self) -> None:
         """Load the model and the adapters' engines, then serve them on a thread of their own."""
         from fulgor.engine.app import create_app
@@ -162,6 +167,14 @@ class VLLMEngine:
         probed on the model's tokenizer; None before ``start``, or for a model vLLM serves by a
         name that is no directory here."""
         return self._chat_format
+
+    @property
+    def history_format(self) -> ChatFormat | None:
+        """The chat format, when its template cannot render tool calls or tool results: vLLM
+        renders history as it is sent, so the gateway normalises it first, as fulgor's engine
+        does."""
+        known = self._chat_format
+        return known if known is not None and known.rewrites_history else None
 
     async def start(self) -> None:
         """Launch vLLM (or attach to it) and wait until it is healthy; then read its chat format."""

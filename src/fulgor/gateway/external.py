@@ -64,6 +64,11 @@ class ExternalEngine:
         """None: the server's template and parsers are its own, unknown to fulgor."""
         return None
 
+    @property
+    def history_format(self) -> ChatFormat | None:
+        """None: with its template unknown, the agent's history goes as sent."""
+        return None
+
     async def start(self) -> None:
         """Ask the server which model it serves, unless one was named; a ConfigError when it
         cannot say (:func:`~fulgor.gateway.upstreams.served_model`)."""

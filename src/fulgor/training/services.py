@@ -137,7 +137,12 @@ async def start_services(
             stack.push_async_callback(store.close)
         stack.push_async_callback(engine.stop)  # also after a start that failed half-way
         await engine.start()
-        upstream = Upstream(engine.url, api_key=engine.api_key, request_token_ids=engine.request_token_ids)
+        upstream = Upstream(
+            engine.url,
+            api_key=engine.api_key,
+            request_token_ids=engine.request_token_ids,
+            history_format=engine.history_format,
+        )
         # One operator key per session: the runners use it, each agent gets its attempt's credential.
         key = new_operator_key()
         gateway_config = GatewayConfig(api_key=key, model_version=engine.model_version)

@@ -104,3 +104,30 @@ def test_one_adapter_per_agent_is_refused_on_vllm_before_it_starts(tmp_path: Pat
     config = VLLMConfig(model=tmp_path, command=("definitely-not-vllm-here", "serve"))
     with pytest.raises(ConfigError, match="one LoRA adapter per agent is served by the local engine only"):
         VLLMEngine(config, adapters={"writer": tmp_path})
+
+
+# ChatML with neither tool calls nor a tool role: what SmolLM2's own template renders.
+PLAIN_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+async def test_vllm_has_the_gateway_normalise_history_only_for_a_template_that_needs_it(
+    tiny_model_dir: Path, tmp_path: Path, plain: bool
+) -> None:
+    template = tmp_path / "plain.jinja"
+    template.write_text(PLAIN_CHATML)
+    config = _stand_in(tmp_path, tiny_model_dir, chat_template=str(template) if plain else None)
+    engine: Engine = VLLMEngine(config)
+    try:
+        await engine.start()
+        served = engine.chat_format
+        assert served is not None
+        assert served.rewrites_history is plain
+        assert engine.history_format == (served if plain else None)
+    finally:
+        await engine.stop()
+    local = LocalEngineServer(EngineConfig(model=tiny_model_dir, device="cpu"))
+    assert local.history_format is None  # fulgor's engine normalises history itself

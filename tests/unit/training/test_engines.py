@@ -29,6 +29,7 @@ def test_each_config_becomes_its_kind_of_engine(tmp_path: Path) -> None:
     assert isinstance(external, ExternalEngine)
     assert (external.url, external.api_key, external.request_token_ids) == (upstream.url, "k", False)
     assert (external.model_name, external.model_version, external.chat_format) == ("served", None, None)
+    assert external.history_format is None
 
 
 def test_vllm_gets_adapter_loading_for_lora_and_its_log_in_the_run(tmp_path: Path) -> None:
@@ -61,6 +62,7 @@ class SimulatedEngine:
         self.agent_models: dict[str, str] = {}
         self.model_version = 0
         self.chat_format: ChatFormat | None = None
+        self.history_format: ChatFormat | None = None
         self.published: list[tuple[Path, bool]] = []
 
     async def start(self) -> None:
