@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fulgor import semconv
-from fulgor.gateway import Gateway, GatewayConfig, create_gateway_app
+from fulgor.gateway import Gateway, GatewayConfig, Upstream, create_gateway_app
 from fulgor.net.asgi import serve_asgi
 from fulgor.store.base import Store
 from fulgor.store.memory import MemoryStore
@@ -56,7 +56,7 @@ class GatewayEnv:
 
 @contextlib.asynccontextmanager
 async def gateway_env(
-    upstreams: list[str], config: GatewayConfig | None = None, store: Store | None = None
+    upstreams: Sequence[Upstream | str], config: GatewayConfig | None = None, store: Store | None = None
 ) -> AsyncIterator[GatewayEnv]:
     store = store or MemoryStore()
     gateway = create_gateway_app(store, upstreams, config or GatewayConfig(retry_backoff_seconds=0.01))

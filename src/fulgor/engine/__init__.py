@@ -1,12 +1,14 @@
 """Inference engines: fulgor's own transformers engine, and a supervisor for vLLM.
 
 Both return the exact token ids and logprobs they sampled and take new weights without a restart.
+A training session drives either (or a server it only calls) through one protocol, :class:`Engine`.
 ``import fulgor.engine`` stays light: torch, transformers and FastAPI load inside the functions and
 modules that need them (``fulgor.engine.app`` needs the ``server`` extra).
 """
 
 from __future__ import annotations
 
+from fulgor.engine.base import Engine
 from fulgor.engine.errors import (
     AdminAuthError,
     AdminDisabledError,
@@ -29,6 +31,7 @@ __all__ = [
     "AdminAuthError",
     "AdminDisabledError",
     "ContextLengthError",
+    "Engine",
     "EngineConfig",
     "EngineError",
     "EngineUnavailableError",

@@ -15,7 +15,10 @@ rendering probes, what the template can render:
 
 Agent history is normalised that way once, before rendering, and a missing ``content`` becomes
 ``""``: the openai SDK sends an assistant turn with tool calls and no content, which many templates
-cannot concatenate. vLLM gets the same template and parser names (:mod:`fulgor.engine.vllm`).
+cannot concatenate. vLLM gets the same template and parser names (:mod:`fulgor.engine.vllm`) and
+renders what it is sent, so the gateway sends it history normalised the same way, as an OpenAI
+request still (``normalise(..., wire=True)``), when the template cannot render tool calls or
+results (:attr:`ChatFormat.rewrites_history`).
 
 This module knows neither HTTP nor the OpenAI request models.
 """
@@ -219,6 +222,12 @@ class ChatFormat:
         return known
 
     @property
+    def rewrites_history(self) -> bool:
+        """Whether :meth:`normalise` rewrites turns the template cannot render: it has no tool
+        calls or no ``tool`` role."""
+        return self.template is not None and not (self.renders_tool_calls and self.knows_tool_role)
+
+    @property
     def tool_support(self) -> str:
         """One line on what the template does with tools (``fulgor doctor`` prints it)."""
         if self.template is None:
@@ -271,19 +280,27 @@ class ChatFormat:
             ) from exc
         return text
 
-    def normalise(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Agent history as this template accepts it (see the module's docstring)."""
+    def normalise(self, messages: Sequence[dict[str, Any]], *, wire: bool = False) -> list[dict[str, Any]]:
+        """Agent history as this template accepts it (see the module's docstring).
+
+        With ``wire`` the turns stay OpenAI chat messages for a server that renders them itself
+        (vLLM): the tool calls the template renders keep their arguments as the agent sent them
+        (JSON text); otherwise they become mappings, as templates read them. A tool call without
+        ``function.name`` is an InvalidRequestError."""
         result: list[dict[str, Any]] = []
         results_turn: dict[str, Any] | None = None  # the user turn the latest tool results went into
         for message in messages:
             turn = {**message, "content": "" if message.get("content") is None else message["content"]}
             calls = turn.get("tool_calls")
             if calls:
-                turn["tool_calls"] = [_template_call(call) for call in calls]
+                template_calls = [_template_call(call) for call in calls]
                 if not self.renders_tool_calls:
-                    written = write_tool_calls(self.tool_parser, turn.pop("tool_calls"))
+                    written = write_tool_calls(self.tool_parser, template_calls)
+                    del turn["tool_calls"]
                     text = _text(turn["content"])
                     turn["content"] = f"{text}\n{written}" if text else written
+                elif not wire:
+                    turn["tool_calls"] = template_calls
             if turn.get("role") == "tool" and not self.knows_tool_role:
                 block = f"<tool_response>\n{_text(turn['content'])}\n</tool_response>"
                 if results_turn is not None and result[-1] is results_turn:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from fulgor import limits
 from fulgor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fulgor.engine.chat_format import ChatFormat
 
 __all__ = ["GatewayConfig", "Upstream"]
 
@@ -19,11 +23,16 @@ class Upstream:
     ``url`` is its base URL, ending in ``/v1``. ``request_token_ids`` asks it for vLLM's token id
     fields (``return_token_ids``); turn it off for APIs that reject unknown fields; their calls are
     then recorded with ``token_ids_missing``. ``api_key`` is sent upstream instead of the agent's key.
+    With ``history_format`` (a vLLM engine's chat format, whose template cannot render tool calls
+    or tool results), the messages of each chat call go upstream normalised to what the template
+    renders, as fulgor's engine normalises them itself (:meth:`ChatFormat.normalise
+    <fulgor.engine.chat_format.ChatFormat.normalise>`); the call is recorded as the agent sent it.
     """
 
     url: str
     api_key: str | None = None
     request_token_ids: bool = True
+    history_format: ChatFormat | None = None
     scheme: str = field(init=False)
     host: str = field(init=False)
     port: int = field(init=False)

@@ -1,7 +1,9 @@
 """forward_call: one model call from the agent to the upstream and back, watched for disconnects.
 
 The request goes upstream with the token id request added (when the replica takes it) and, for a
-stream, a request for its usage; the answer goes back as the upstream's own bytes (OpenAI chat and
+stream, a request for its usage; a chat call's messages go normalised to the replica's template
+when it names a history format (vLLM with a template that renders no tool calls or tool results);
+the answer goes back as the upstream's own bytes (OpenAI chat and
 text completions) or translated (Anthropic Messages, OpenAI Responses), whole or streamed event by
 event. What the upstream sent is kept on the :class:`~fulgor.gateway.recorder.CallRecord` for the
 recorder. An answer that breaks off upstream is recorded as an error: a whole one is answered with
@@ -21,8 +23,10 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from fulgor.engine.errors import InvalidRequestError
 from fulgor.gateway import anthropic, responses_api
-from fulgor.gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
+from fulgor.gateway.config import Upstream
+from fulgor.gateway.errors import BadRequestError, GatewayError, UpstreamError, UpstreamTimeoutError
 from fulgor.gateway.extract import BadEventError, SseParser
 from fulgor.gateway.recorder import CallRecord
 from fulgor.gateway.upstreams import UpstreamPool, with_token_id_request
@@ -100,7 +104,7 @@ async def _watch_disconnect(context: CallContext, task: asyncio.Task[Any]) -> No
 async def _forward(pool: UpstreamPool, context: CallContext) -> None:
     record = context.record
     replica = pool.upstreams[pool.replica_for(record.rollout_id)]
-    request, strip_usage = _upstream_request(record, replica.request_token_ids)
+    request, strip_usage = _upstream_request(record, replica)
     response, upstream = await pool.send(
         record.rollout_id, "POST", _SUFFIXES[record.endpoint], orjson.dumps(request)
     )
@@ -115,19 +119,22 @@ async def _forward(pool: UpstreamPool, context: CallContext) -> None:
         response.abort()
 
 
-def _upstream_request(record: CallRecord, request_token_ids: bool) -> tuple[JsonDict, bool]:
+def _upstream_request(record: CallRecord, replica: Upstream) -> tuple[JsonDict, bool]:
     """The request as sent upstream, and whether the agent's stream must lose the usage chunk.
 
-    A replica asked for token ids gets, for a stream, a request for its usage too, so the recorder
-    can check the ids against ``usage.completion_tokens``; when the agent did not ask for it, the
-    usage-only chunk is taken out of what the agent receives. ``continuous_usage_stats`` (vLLM)
-    only works together with ``include_usage``, so it is dropped when fulgor adds ``include_usage``:
-    it had no effect. A replica not asked for ids (an API that may reject fields it does not know)
-    gets the agent's request unchanged: its calls carry no ids to check.
+    A chat call's messages are normalised to the replica's ``history_format`` when it has one
+    (:func:`_with_history`). A replica asked for token ids gets, for a stream, a request for its
+    usage too, so the recorder can check the ids against ``usage.completion_tokens``; when the agent
+    did not ask for it, the usage-only chunk is taken out of what the agent receives.
+    ``continuous_usage_stats`` (vLLM) only works together with ``include_usage``, so it is dropped
+    when fulgor adds ``include_usage``: it had no effect. A replica not asked for ids (an API that
+    may reject fields it does not know) gets the agent's request without these additions: its calls
+    carry no ids to check.
     """
-    if not request_token_ids:
-        return record.request, False
-    request = with_token_id_request(record.request, record.endpoint)
+    sent = _with_history(record, replica)
+    if not replica.request_token_ids:
+        return sent, False
+    request = with_token_id_request(sent, record.endpoint)
     options = record.request.get("stream_options")
     if not record.request.get("stream") or not (options is None or isinstance(options, dict)):
         return request, False
@@ -135,6 +142,26 @@ def _upstream_request(record: CallRecord, request_token_ids: bool) -> tuple[Json
         return request, False
     kept = {key: value for key, value in (options or {}).items() if key != "continuous_usage_stats"}
     return {**request, "stream_options": {**kept, "include_usage": True}}, True
+
+
+def _with_history(record: CallRecord, replica: Upstream) -> JsonDict:
+    """The request with its chat messages as the replica's template renders them: tool calls
+    written into the assistant's content, tool results as a user turn (what fulgor's engine does
+    before rendering; vLLM renders what it is sent). The record keeps the agent's own messages.
+    A tool call without a function name is a 400; messages of another shape go as sent, for the
+    engine to refuse."""
+    history = replica.history_format
+    messages = record.request.get("messages")
+    if history is None or record.endpoint != "chat" or not isinstance(messages, list):
+        return record.request
+    if not all(isinstance(message, dict) for message in messages):
+        return record.request
+    try:
+        return {**record.request, "messages": history.normalise(messages, wire=True)}
+    except InvalidRequestError as error:
+        raise BadRequestError(error.message) from None
+    except (AttributeError, TypeError):  # a tool call or function that is not an object
+        return record.request
 
 
 async def _whole(context: CallContext, response: HttpResponse) -> None:

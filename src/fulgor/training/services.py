@@ -1,29 +1,28 @@
 """The services a training run needs, started together and stopped together.
 
-``start_services`` loads the local engine and serves it on a thread of its own (given a
-:class:`~fulgor.engine.vllm.VLLMConfig`, starts and supervises vLLM instead, or uses the running
-one its ``url`` names; given an :class:`~fulgor.gateway.Upstream`, sends the agent's calls to that
-OpenAI-compatible server, whose weights it never changes), serves the store API and the gateway
-from one app on the caller's event loop (so the trainer can pause, drain and flush the gateway and
-use the store directly), and starts the runners. A fresh operator key guards the session: the
-runners get it, their agents only the credentials of their own attempts. Leaving the block stops
-runners, then the server (the gateway writes what it still holds), then the engine, then closes
-the store when the session owns it: no process or port is left, whatever happened inside. A store
-the caller owns stays open, for it to use again. ``open_run_store`` opens the run directory's
-SQLite store for a new session.
+``start_services`` starts the run's :class:`~fulgor.engine.base.Engine` (fulgor's engine on a
+thread of its own, vLLM under its supervisor, or an OpenAI-compatible server it only calls: see
+:func:`~fulgor.training.engines.engine_for`), serves the store API and the gateway from one app on
+the caller's event loop (so the trainer can pause, drain and flush the gateway and use the store
+directly), and starts the runners. A fresh operator key guards the session: the runners get it,
+their agents only the credentials of their own attempts. Leaving the block stops runners, then the
+server (the gateway writes what it still holds), then the engine, then closes the store when the
+session owns it: no process or port is left, whatever happened inside. A store the caller owns
+stays open, for it to use again. ``open_run_store`` opens the run directory's SQLite store for a
+new session.
 
-What it does not know: which algorithm runs or what a training step is.
+What it does not know: which algorithm runs or what a training step is, or which kind of engine
+serves the model (the protocol says what it may ask of one).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fulgor.agent.base import Runnable
 from fulgor.credentials import new_operator_key
@@ -33,11 +32,12 @@ from fulgor.store.base import Store
 from fulgor.training.runners import KubernetesRunners, RayRunners, RunnerGroup, runners_url, start_runners
 
 if TYPE_CHECKING:
-    from fulgor.engine.local import EngineConfig, LocalEngine
-    from fulgor.engine.vllm import VLLMConfig, VLLMServer
+    from fulgor.engine.base import Engine
+    from fulgor.engine.local import EngineConfig
+    from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import Gateway, Upstream
 
-__all__ = ["Services", "check_vllm_updates", "open_run_store", "start_services", "trainer_upstream"]
+__all__ = ["Services", "open_run_store", "start_services", "trainer_upstream"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,32 +46,35 @@ _DRAIN_TIMEOUT_SECONDS = 60.0
 
 @dataclass
 class Services:
-    """What a running session holds: the store, the engine (the local one, or vLLM's supervisor;
-    None on an upstream the session does not own), the gateway, their URLs, the runners, and the
-    name the model is served under (on vLLM, a LoRA adapter's name changes with each version)."""
+    """What a running session holds: the store, the engine, the gateway, the server's URL and the
+    runners."""
 
     store: Store
-    engine: LocalEngine | VLLMServer | None
+    engine: Engine
     gateway: Gateway
     server_url: str
-    engine_url: str
     runners: RunnerGroup
-    model_name: str
-    adapters: dict[str, LocalEngine] = field(default_factory=dict)
-    """With one LoRA adapter per agent: the engine serving each adapter, by adapter name."""
+
+    @property
+    def engine_url(self) -> str:
+        """The base URL of the engine's OpenAI API, which the gateway calls."""
+        return self.engine.url
+
+    @property
+    def model_name(self) -> str:
+        """The name the model is served under now (on vLLM, a LoRA adapter's changes with each
+        version)."""
+        return self.engine.model_name
 
     @property
     def model_version(self) -> int | None:
-        """The version of the weights the local engine serves (the adapters' when there are any:
-        the base never changes then); None for an upstream's."""
-        if self.adapters:
-            return max(engine.model_version for engine in self.adapters.values())
-        return None if self.engine is None else self.engine.model_version
+        """The version of the weights the engine serves; None for an upstream's."""
+        return self.engine.model_version
 
     @property
     def agent_models(self) -> dict[str, str]:
         """The model name each adapter is served under, by adapter name (``LLM.agent_models``)."""
-        return {name: engine.model_name for name, engine in self.adapters.items()}
+        return self.engine.agent_models
 
     async def settle_calls(self, rollout_ids: Sequence[str] | None = None) -> None:
         """Wait until no model call is in flight and every recorded call is in the store; with
@@ -80,114 +83,69 @@ class Services:
             logger.warning("model calls still in flight after %.0fs", _DRAIN_TIMEOUT_SECONDS)
 
     async def swap_weights(self, checkpoint: str, *, pause: bool = True) -> int:
-        """Pause the gateway, let calls in flight finish, load ``checkpoint`` into the engine, resume.
+        """Pause the gateway, let calls in flight finish, publish ``checkpoint`` to the engine, resume.
 
         Returns the engine's new model version; calls made after this return are served by it and
         recorded with it. Without ``pause`` calls keep arriving (rollouts run while the policy
-        trains): the engine lets the calls it is running finish on the old weights and holds new
-        ones until the new weights serve, and each call records the version its engine response
-        names. vLLM names no version in its responses and would serve a call running across the
-        reload with both, so on vLLM the gateway always pauses (new calls get 429 and Retry-After
-        for as long as the reload takes).
+        trains), where the engine publishes between calls: it lets the calls it is running finish
+        on the old weights and holds new ones until the new weights serve, and each call records
+        the version its engine response names. An engine that cannot do that (vLLM names no
+        version in its responses and would serve a call running across the reload with both) is
+        always published to paused (new calls get 429 and Retry-After for as long as it takes).
         """
-        from fulgor.engine.local import LocalEngine
-
-        if self.engine is None:
-            raise ConfigError("the session's model is an upstream server: there are no weights to swap")
-        if not pause and isinstance(self.engine, LocalEngine):
-            version = await self._swap(checkpoint)
+        if not pause and self.engine.publishes_between_calls:
+            version = await self.engine.publish(Path(checkpoint))
             self.gateway.model_version = version
             return version
         self.gateway.pause()
         try:
             await self.settle_calls()
-            version = await self._swap(checkpoint)
+            version = await self.engine.publish(Path(checkpoint))
         finally:
             self.gateway.resume(model_version=self.model_version)
         return version
-
-    async def _swap(self, checkpoint: str) -> int:
-        """Load the checkpoint: into the engine, or each of its adapters into that adapter's engine."""
-        from fulgor.engine.local import LocalEngine
-
-        assert self.engine is not None
-        if not isinstance(self.engine, LocalEngine):  # vLLM: in place, or an adapter under a new name
-            version = await asyncio.to_thread(self.engine.reload_weights, checkpoint)
-            self.model_name = self.engine.model_name
-            return version
-        if not self.adapters:
-            return (await self.engine.swap_weights(checkpoint)).model_version
-        swaps = [await engine.swap_weights(Path(checkpoint) / name) for name, engine in self.adapters.items()]
-        return max(swap.model_version for swap in swaps)
 
 
 @contextlib.asynccontextmanager
 async def start_services(
     store: Store,
-    engine_config: EngineConfig | VLLMConfig | Upstream,
+    engine: Engine,
     agent: Runnable,
     n_runners: int,
     runner_config: RunnerConfig,
     runner_log: Path,
     *,
     owns_store: bool,
-    model_name: str | None = None,
-    adapters: Mapping[str, Path] | None = None,
     runners_backend: RayRunners | KubernetesRunners | None = None,
     runner_python: str | None = None,
 ) -> AsyncIterator[Services]:
     """Start engine, server + gateway and runners; stop them all on leaving, in reverse order.
 
-    With ``owns_store`` the store is closed last; without, it is left open for its owner. Given an
-    ``Upstream`` instead of an engine config, no engine starts: the gateway sends every call there,
-    served as ``model_name``. ``adapters`` (a name and a model directory each: the base, or a LoRA
-    adapter over it) are served beside the model as ``MODEL-NAME``, each on an engine of its own.
+    With ``owns_store`` the store is closed last; without, it is left open for its owner. The
+    engine is started first and stopped last (a server fulgor does not own is only called).
     ``runners_backend`` runs the runners as Ray actors instead of local processes, or each attempt as
     a Kubernetes Job (the server then listens where its ``listen_host`` and ``listen_port`` say, and
-    they reach it at its ``server_url``).
-    Given a ``VLLMConfig``, vLLM serves the model (started, or attached to by ``url``, and stopped last).
-    ``runner_python`` runs the runner processes on that Python instead of this one.
+    they reach it at its ``server_url``). ``runner_python`` runs the runner processes on that Python
+    instead of this one.
     """
-    from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import GatewayConfig, Upstream, create_gateway_app
-    from fulgor.net.asgi import ServerThread, serve_asgi
+    from fulgor.net.asgi import serve_asgi
     from fulgor.server import ServerConfig, create_app
 
     async with contextlib.AsyncExitStack() as stack:
         if owns_store:  # closed last, after the server that serves it
             stack.push_async_callback(store.close)
-        engine: LocalEngine | VLLMServer | None = None
-        served_adapters: dict[str, LocalEngine] = {}
-        if isinstance(engine_config, Upstream):
-            upstream, served = engine_config, model_name
-            if served is None:
-                raise ConfigError("an upstream needs the model_name to serve its calls with")
-        elif isinstance(engine_config, VLLMConfig):
-            if adapters:
-                raise ConfigError(
-                    "one LoRA adapter per agent is served by the local engine only; train a single "
-                    "adapter or full weights on vLLM, or use engine=EngineConfig(model=DIR)"
-                )
-            engine = await stack.enter_async_context(_start_vllm(engine_config))
-            upstream = Upstream(f"{engine.url}/v1", api_key=engine_config.api_key)
-            served = engine.model_name
-        else:
-            from fulgor.engine.app import create_app as create_engine_app
-            from fulgor.engine.local import LocalEngine
-
-            engine = await asyncio.to_thread(LocalEngine.from_config, engine_config)
-            for name, path in (adapters or {}).items():
-                config = replace(engine_config, model=path, served_model_name=f"{engine.model_name}-{name}")
-                served_adapters[name] = await asyncio.to_thread(LocalEngine.from_config, config)
-            engine_server = ServerThread(create_engine_app(engine, adapters=list(served_adapters.values())))
-            stack.push_async_callback(engine_server.astop)
-            upstream = Upstream(f"{await asyncio.to_thread(engine_server.start)}/v1")
-            served = engine.model_name
+        stack.push_async_callback(engine.stop)  # also after a start that failed half-way
+        await engine.start()
+        upstream = Upstream(
+            engine.url,
+            api_key=engine.api_key,
+            request_token_ids=engine.request_token_ids,
+            history_format=engine.history_format,
+        )
         # One operator key per session: the runners use it, each agent gets its attempt's credential.
         key = new_operator_key()
-        gateway_config = GatewayConfig(
-            api_key=key, model_version=None if engine is None else engine.model_version
-        )
+        gateway_config = GatewayConfig(api_key=key, model_version=engine.model_version)
         gateway = create_gateway_app(store, [upstream], gateway_config)
         # The session closes the store itself (last) when it owns it, else leaves it to its owner.
         app = create_app(ServerConfig(store=store, gateway=gateway, token=key, close_store=False))
@@ -216,23 +174,8 @@ async def start_services(
                 python=runner_python,
             )
         stack.push_async_callback(runners.stop)
-        where = "upstream" if engine is None else "engine"
-        logger.info("%s at %s, store and gateway at %s", where, upstream.url, server_url)
-        yield Services(store, engine, gateway, server_url, upstream.url, runners, served, served_adapters)
-
-
-@contextlib.asynccontextmanager
-async def _start_vllm(config: VLLMConfig) -> AsyncIterator[VLLMServer]:
-    """vLLM's supervisor, started (or attached to the server at ``config.url``) and stopped on
-    leaving, whatever happens inside."""
-    from fulgor.engine.vllm import VLLMServer
-
-    server = VLLMServer(config)
-    try:
-        await asyncio.to_thread(server.start)
-        yield server
-    finally:
-        await asyncio.to_thread(server.stop)
+        logger.info("model served at %s, store and gateway at %s", upstream.url, server_url)
+        yield Services(store, engine, gateway, server_url, runners)
 
 
 async def open_run_store(run_dir: Path) -> Store:
@@ -250,19 +193,6 @@ async def open_run_store(run_dir: Path) -> Store:
         await store.close()
         raise
     return store
-
-
-def check_vllm_updates(algorithm: Any, engine: EngineConfig | VLLMConfig | None) -> None:
-    """On vLLM, an algorithm whose updates it can serve, or a ConfigError saying what to change."""
-    from fulgor.engine.vllm import VLLMConfig
-
-    lora = getattr(algorithm, "lora", None) is not None
-    if isinstance(engine, VLLMConfig) and lora and getattr(algorithm, "async_rollouts", False):
-        raise ConfigError(
-            "async_rollouts with a LoRA adapter on vLLM: each update's adapter is served under a name "
-            "of its own and the one before is unloaded, so rollouts running across a publish would "
-            "lose their model; train full weights (lora=None) or turn async_rollouts off"
-        )
 
 
 def trainer_upstream(

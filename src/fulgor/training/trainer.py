@@ -36,7 +36,6 @@ from fulgor.agent.base import Runnable
 from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
 from fulgor.engine.chat_format import read_chat_template
 from fulgor.engine.loading import checkpoint_kind
-from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
@@ -54,6 +53,7 @@ from fulgor.training.checkpoints import (
 )
 from fulgor.training.collector import Collector
 from fulgor.training.distributed import Ranks
+from fulgor.training.engines import check_engine_updates, engine_for
 from fulgor.training.reports import (
     DevReport,
     MetricsLog,
@@ -72,13 +72,7 @@ from fulgor.training.rollouts import (
 )
 from fulgor.training.run_report import read_metrics, write_run_info
 from fulgor.training.runners import KubernetesRunners, RayRunners, check_runners
-from fulgor.training.services import (
-    Services,
-    check_vllm_updates,
-    open_run_store,
-    start_services,
-    trainer_upstream,
-)
+from fulgor.training.services import Services, open_run_store, start_services, trainer_upstream
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, RolloutRequest
@@ -86,6 +80,7 @@ from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, Rol
 if TYPE_CHECKING:
     from fulgor.algorithms.lora import LoraConfig
     from fulgor.engine.local import EngineConfig
+    from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import Upstream
     from fulgor.training.tracking import Tracker
 
@@ -173,7 +168,7 @@ class Trainer:
                 f"keep_checkpoints must be 0 (keep every checkpoint) or more, got {keep_checkpoints}"
             )
         _check_algorithm(algorithm)
-        check_vllm_updates(algorithm, engine)
+        check_engine_updates(algorithm, engine)
         self.algorithm = algorithm
         self.engine = engine
         self.upstream = trainer_upstream(engine, upstream, api_key, model)
@@ -431,14 +426,10 @@ class Trainer:
         """Engine (on ``model_dir``) or the upstream, store server + gateway and runners; all
         stopped on leaving."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        model_name = self.model
         adapters: dict[str, Path] = {}
+        target: EngineConfig | VLLMConfig | Upstream
         if self.upstream is not None:
-            from fulgor.gateway.upstreams import served_model
-
-            target: EngineConfig | VLLMConfig | Upstream = self.upstream
-            if model_name is None:
-                model_name = await served_model(self.upstream)
+            target = self.upstream
         else:
             assert self.engine is not None
             assert model_dir is not None
@@ -455,23 +446,23 @@ class Trainer:
                 served_model_name=self.engine.model_name,
                 model_version=model_version,
             )
-            if isinstance(target, VLLMConfig):
-                if getattr(self.algorithm, "lora", None) is not None:
-                    target = replace(target, enable_lora=True)  # each update publishes an adapter
-                if target.log_path is None:
-                    target = replace(target, log_path=self.run_dir / "logs" / "vllm.log")
+        engine = engine_for(
+            target,
+            model_name=self.model,
+            adapters=adapters,
+            lora=getattr(self.algorithm, "lora", None) is not None,  # each update publishes an adapter
+            log_dir=self.run_dir / "logs",
+        )
         store = self.store if self.store is not None else await open_run_store(self.run_dir)
         runner_log = self.run_dir / "logs" / "runners.log"
         async with start_services(
             store,
-            target,
+            engine,
             agent,
             self.n_runners,
             self.runner_config,
             runner_log,
             owns_store=self.store is None,
-            model_name=model_name,
-            adapters=adapters,
             runners_backend=self.runners,
             runner_python=self.runner_python,
         ) as services:
