@@ -22,7 +22,6 @@ from fulgor import GRPO
 from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
-from fulgor.training.checkpoints import load_policy
 from fulgor.training.distributed import (
     Ranks,
     ShardedUpdater,
@@ -31,6 +30,7 @@ from fulgor.training.distributed import (
     sharded_trainable,
     world_from_env,
 )
+from fulgor.weights.policy import load_policy
 
 
 def make_batch(options: dict[str, Any], vocab_size: int) -> list[Trajectory]:

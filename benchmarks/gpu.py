@@ -62,12 +62,12 @@ from examples.calc.dataset import make_splits
 from fulgor import GRPO, Trainer
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.engine.app import create_app
-from fulgor.engine.loading import no_progress_bars
 from fulgor.engine.local import EngineConfig, LocalEngine
-from fulgor.engine.model_import import describe_model, import_model
 from fulgor.engine.models import init_model
 from fulgor.net.asgi import ServerThread
 from fulgor.training.checkpoints import set_torch_threads
+from fulgor.weights.importing import describe_model, import_model
+from fulgor.weights.loading import no_progress_bars
 from grpo_step import Spec, make_batch, trained_tokens
 from lora_update import timed_steps
 

@@ -11,7 +11,7 @@ model?). Both sides run fulgor's ``PolicyUpdater.step`` on the same batch, built
 completions of 40 to 80, the lengths of the calc agent's calls on SmolLM2), in float32 with the
 same torch thread count: one on the model's weights (AdamW over all of them), one on the same
 weights wrapped with a fresh LoRA adapter of ``--rank`` on every linear layer but the output head
-(``fulgor.algorithms.lora.add_adapter``; AdamW over the adapter only). Each repetition loads the
+(``fulgor.weights.lora.add_adapter``; AdamW over the adapter only). Each repetition loads the
 model afresh for each side, runs one untimed step and times ``--steps``; the sides alternate per
 repetition. Trained tokens/s is from the median step's wall-clock time; the optimiser state each
 side keeps (what a checkpoint of it holds besides the weights) is printed too.
@@ -32,7 +32,7 @@ import torch
 from _offline import go_offline
 from fulgor.algorithms.grpo.config import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
-from fulgor.algorithms.lora import LoraConfig, add_adapter
+from fulgor.weights.lora import LoraConfig, add_adapter
 from grpo_step import Spec, make_batch, trained_tokens, trajectories
 
 LEARNING_RATE = 1e-5

@@ -157,8 +157,8 @@ def calc_rows(model_dir: Path) -> list[Any]:
     from examples.calc.warm_start import solution
     from fulgor.adapters.transcripts import Transcript
     from fulgor.algorithms.sft.distill import teacher_data
-    from fulgor.engine.loading import eos_token_ids
-    from fulgor.training.checkpoints import load_policy
+    from fulgor.weights.loading import eos_token_ids
+    from fulgor.weights.policy import load_policy
 
     policy = load_policy(model_dir, "cpu")
     tasks = make_splits(0)["train"][:THROUGHPUT_ROWS]

@@ -101,8 +101,8 @@ def warm_start(
     from fulgor.adapters.transcripts import Transcript
     from fulgor.algorithms.sft import SFTConfig, SFTUpdater
     from fulgor.algorithms.sft.distill import teacher_data
-    from fulgor.engine.loading import eos_token_ids
-    from fulgor.training.checkpoints import load_policy
+    from fulgor.weights.loading import eos_token_ids
+    from fulgor.weights.policy import load_policy
 
     config = config or WarmStartConfig()
     torch.manual_seed(config.seed)

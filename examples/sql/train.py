@@ -78,7 +78,7 @@ def demo_grpo(
     """
     from fulgor import GRPO
     from fulgor.algorithms.grpo.config import GRPOConfig
-    from fulgor.algorithms.lora import LoraConfig
+    from fulgor.weights.lora import LoraConfig
 
     return GRPO(
         group_size=8,

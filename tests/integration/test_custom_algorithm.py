@@ -29,8 +29,8 @@ from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
 from fulgor.store import SqliteStore
-from fulgor.training.checkpoints import load_training_state
 from fulgor.types import ModelCall
+from fulgor.weights.policy import load_training_state
 
 TASKS = [
     {"prompt": "Say a word.", "letter": "e"},

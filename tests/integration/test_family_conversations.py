@@ -23,9 +23,9 @@ from fulgor import GRPO, Trainer
 from fulgor.adapters.trajectory import TrajectoryRow
 from fulgor.algorithms.sft.update import SFTConfig, SFTUpdater
 from fulgor.engine.chat_format import ChatFormat, read_chat_template, write_tool_calls
-from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
+from fulgor.weights.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

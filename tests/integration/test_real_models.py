@@ -23,8 +23,8 @@ from tests.real_models import SMOLLM2_GGUF, fetched, tokenizer_dir  # noqa: E402
 
 from fulgor.engine.app import create_app  # noqa: E402
 from fulgor.engine.local import EngineConfig, LocalEngine  # noqa: E402
-from fulgor.engine.model_import import is_gguf  # noqa: E402
 from fulgor.net.asgi import ServerThread  # noqa: E402
+from fulgor.weights.importing import is_gguf  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -28,7 +28,6 @@ from examples.calc.agent import calc_agent
 from examples.calc.dataset import make_splits
 from examples.calc.warm_start import corpus
 from fulgor import GRPO, SFT, Trainer, semconv
-from fulgor.algorithms.lora import LoraConfig
 from fulgor.algorithms.sft.distill import teacher_data
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
@@ -36,8 +35,9 @@ from fulgor.errors import ConfigError
 from fulgor.gateway import Upstream
 from fulgor.store import SqliteStore
 from fulgor.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall
-from fulgor.training.checkpoints import load_policy
 from fulgor.types import ModelCall
+from fulgor.weights.lora import LoraConfig
+from fulgor.weights.policy import load_policy
 
 TASKS = [
     {"prompt": "Say a word.", "letter": "e"},

@@ -26,8 +26,6 @@ from fulgor import GRPO, Trainer
 from fulgor.adapters import DriftReport, model_calls, rollout_feedback, rollout_reward
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.grpo import GRPOConfig
-from fulgor.algorithms.lora import LoraConfig
-from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.engine.prompts import chat_prompt_ids
@@ -35,6 +33,8 @@ from fulgor.engine.protocol import ChatCompletionRequest
 from fulgor.errors import ConfigError
 from fulgor.store import SqliteStore
 from fulgor.types import ModelCall, Span
+from fulgor.weights.loading import load_model
+from fulgor.weights.lora import LoraConfig
 
 
 @pytest.fixture(scope="module")

@@ -31,17 +31,17 @@ from fulgor import GRPO, LLM, Trainer, rollout, semconv
 from fulgor.adapters import DriftReport
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import token_logprobs
-from fulgor.algorithms.lora import LoraConfig
-from fulgor.engine.loading import load_model
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError, ValidationError
 from fulgor.store import MemoryStore, SqliteStore
 from fulgor.store.base import Store
-from fulgor.training.checkpoints import load_training_state
 from fulgor.training.services import Services
 from fulgor.training.tracking import TensorBoardTracker, Tracker, WandbTracker
 from fulgor.types import ModelCall, Rollout
+from fulgor.weights.loading import load_model
+from fulgor.weights.lora import LoraConfig
+from fulgor.weights.policy import load_training_state
 
 TASKS = [
     {"prompt": "Say a word.", "letter": "e"},
@@ -424,7 +424,7 @@ def test_evaluate_counts_the_rollouts_that_failed(tmp_path: Path, model_dir: Pat
 
 
 def test_a_session_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> None:
-    from fulgor.engine.errors import ModelLoadError
+    from fulgor.weights.errors import ModelLoadError
 
     trainer = make_trainer(tmp_path / "run", tmp_path / "no-model")
     with pytest.raises(ModelLoadError):

@@ -17,6 +17,7 @@ LAYERS: list[set[str]] = [
     {"version", "errors", "semconv", "credentials", "limits"},
     {"types"},
     {"net"},
+    {"weights"},
     {"store", "engine", "adapters", "testing"},
     {"gateway", "agent", "algorithms"},
     {"runner", "server"},

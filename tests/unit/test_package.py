@@ -9,13 +9,14 @@ import pytest
 
 import fulgor
 import fulgor.agent
+import fulgor.weights
 from fulgor import errors, semconv
 from fulgor.store import _rules
 
 
 def test_import_fulgor_stays_light() -> None:
     code = (
-        "import sys, fulgor, fulgor.store, fulgor.types\n"
+        "import sys, fulgor, fulgor.store, fulgor.types, fulgor.weights\n"
         "heavy = {'torch', 'transformers', 'vllm', 'ray', 'openai', 'fastapi', 'langchain'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"
     )
@@ -23,7 +24,7 @@ def test_import_fulgor_stays_light() -> None:
     assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("module", [fulgor, fulgor.types, fulgor.store, fulgor.agent, errors])
+@pytest.mark.parametrize("module", [fulgor, fulgor.types, fulgor.store, fulgor.agent, fulgor.weights, errors])
 def test_all_is_sorted_and_importable(module: object) -> None:
     names = list(module.__all__)  # type: ignore[attr-defined]
     # isort-style, as ruff keeps it: CONSTANTS, then Classes, then functions, each alphabetical.

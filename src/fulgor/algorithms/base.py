@@ -50,8 +50,8 @@ from fulgor.adapters.trajectory import Trajectory
 from fulgor.types import LLM, JsonDict, Resource, Resources, Rollout, RolloutMode
 
 if TYPE_CHECKING:
-    from fulgor.algorithms.lora import LoraConfig
     from fulgor.store.base import Store
+    from fulgor.weights.lora import LoraConfig
 
 __all__ = [
     "Algorithm",

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _import_demo(checkout: Path) -> Any:
     """The checkout's ``examples.calc.train``, imported as ``python -m`` would (the checkout first)."""
-    from fulgor.engine.loading import require_torch
+    from fulgor.weights.loading import require_torch
 
     require_torch()
     if str(checkout) not in sys.path:

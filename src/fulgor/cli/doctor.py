@@ -558,18 +558,19 @@ def _models(name: str, base: str, start: str, key: str) -> Check:
 
 
 def _model(path: Path, chat_template: str | None) -> Iterator[Check]:
-    from fulgor.engine.errors import EngineError
-    from fulgor.engine.loading import adapter_base, checkpoint_kind
+    from fulgor.weights.errors import ModelLoadError
+    from fulgor.weights.loading import checkpoint_kind
+    from fulgor.weights.lora import adapter_base
 
     try:
         kind = checkpoint_kind(path)
-    except EngineError as error:
+    except ModelLoadError as error:
         yield Check("model", "FAIL", error.message, "pass a Hugging Face model directory (with config.json)")
         return
     if kind == "lora":
         try:
             base = adapter_base(path)
-        except EngineError as error:
+        except ModelLoadError as error:
             yield Check(
                 "model",
                 "FAIL",
@@ -580,7 +581,7 @@ def _model(path: Path, chat_template: str | None) -> Iterator[Check]:
         yield Check("model", "OK", f"{path} is a LoRA adapter over {base}")
         path = base
     try:
-        from fulgor.engine.loading import require_transformers
+        from fulgor.weights.loading import require_transformers
 
         transformers = require_transformers()
     except ImportError as error:
@@ -590,13 +591,13 @@ def _model(path: Path, chat_template: str | None) -> Iterator[Check]:
 
 
 def _model_files(path: Path, transformers: Any, chat_template: str | None) -> Iterator[Check]:
-    from fulgor.engine.errors import EngineError
-    from fulgor.engine.model_import import describe_model
+    from fulgor.weights.errors import ModelLoadError
+    from fulgor.weights.importing import describe_model
 
     try:
         facts = describe_model(path)
         transformers.AutoConfig.from_pretrained(path)
-    except EngineError as error:
+    except ModelLoadError as error:
         yield Check(
             "model",
             "FAIL",

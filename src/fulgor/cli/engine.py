@@ -35,7 +35,7 @@ def _admin_token(args: argparse.Namespace) -> str | None:
 def _serve_local(args: argparse.Namespace, stopping: StopRequests) -> int:
     if args.vllm_arg:
         raise ConfigError("--vllm-arg only applies to --backend vllm; drop it, or add --backend vllm")
-    from fulgor.engine.loading import require_torch
+    from fulgor.weights.loading import require_torch
 
     torch = require_torch()  # its ImportError names the extra to install
 

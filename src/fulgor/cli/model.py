@@ -12,15 +12,15 @@ __all__ = ["register"]
 
 
 def _init(args: argparse.Namespace) -> int:
-    from fulgor.engine.errors import EngineError
     from fulgor.engine.models import init_model
+    from fulgor.weights.errors import ModelLoadError
 
     try:
         corpus = _read_corpus(args.corpus) if args.corpus else []
         out = init_model(
             args.out, args.size, arch=args.arch, seed=args.seed, corpus=corpus, tokenizer=args.tokenizer
         )
-    except (EngineError, ImportError) as exc:
+    except (ModelLoadError, ImportError) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
     print(out)
@@ -28,12 +28,12 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from fulgor.engine.errors import EngineError
-    from fulgor.engine.model_import import describe_model, import_model
+    from fulgor.weights.errors import ModelLoadError
+    from fulgor.weights.importing import describe_model, import_model
 
     try:
         out = import_model(args.source, args.out, dtype=args.dtype, link=args.link)
-    except (EngineError, ImportError) as exc:
+    except (ModelLoadError, ImportError) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
     print(out)
@@ -42,7 +42,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _read_corpus(path: str) -> list[str]:
-    from fulgor.engine.errors import ModelLoadError
+    from fulgor.weights.errors import ModelLoadError
 
     try:
         return Path(path).read_text(encoding="utf-8").splitlines()

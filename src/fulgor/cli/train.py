@@ -50,8 +50,8 @@ from fulgor.errors import ConfigError, FulgorError
 if TYPE_CHECKING:
     from fulgor.agent.base import Runnable
     from fulgor.algorithms.base import Algorithm, ResourceAlgorithm
-    from fulgor.algorithms.lora import LoraConfig
     from fulgor.training import Trainer
+    from fulgor.weights.lora import LoraConfig
 
 __all__ = ["check_model_dir", "read_tasks", "register"]
 
@@ -527,8 +527,9 @@ def _check_run_dir(run_dir: Path) -> None:
 def _check_continuation(run_dir: Path, no_resume: bool, *, lora: bool) -> None:
     """Training continues a run's checkpoints: refused with --no-resume, and when the run trained
     the other way (all weights, or a LoRA adapter)."""
-    from fulgor.engine.loading import adapter_set, checkpoint_kind
     from fulgor.training.checkpoints import latest_checkpoint
+    from fulgor.weights.loading import checkpoint_kind
+    from fulgor.weights.lora import adapter_set
 
     latest = latest_checkpoint(run_dir / "checkpoints")
     if latest is None:
@@ -570,7 +571,7 @@ def check_model_dir(model: Path) -> None:
 def _check_device(device: str, nproc: int = 1) -> None:
     """A device this machine has (torch is importable by now; ``auto`` always is), and one for each
     of ``nproc`` ranks."""
-    from fulgor.engine.loading import require_torch, resolve_device
+    from fulgor.weights.loading import require_torch, resolve_device
 
     resolved = resolve_device(device)  # a ModelLoadError for CUDA without a GPU
     torch = require_torch()
@@ -596,7 +597,7 @@ def _check_device(device: str, nproc: int = 1) -> None:
 def _require_extras(*, torch: bool, ray: bool) -> None:
     """torch and transformers (for a local model), the server the run's services need, and Ray for
     Ray runners, or an ImportError naming the extra."""
-    from fulgor.engine.loading import require_torch
+    from fulgor.weights.loading import require_torch
 
     if torch:
         require_torch()
@@ -649,7 +650,7 @@ def _algorithm(args: argparse.Namespace) -> Algorithm | ResourceAlgorithm:
 
 
 def _lora(args: argparse.Namespace) -> LoraConfig | None:
-    from fulgor.algorithms.lora import LoraConfig
+    from fulgor.weights.lora import LoraConfig
 
     if args.lora_rank is None:
         return None

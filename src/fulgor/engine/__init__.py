@@ -3,7 +3,8 @@
 Both return the exact token ids and logprobs they sampled and take new weights without a restart.
 A training session drives either (or a server it only calls) through one protocol, :class:`Engine`.
 ``import fulgor.engine`` stays light: torch, transformers and FastAPI load inside the functions and
-modules that need them (``fulgor.engine.app`` needs the ``server`` extra).
+modules that need them (``fulgor.engine.app`` needs the ``server`` extra). Models load through
+:mod:`fulgor.weights` (``load_model``, ``ModelLoadError``), as the trainer's do.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from fulgor.engine.errors import (
     EngineError,
     EngineUnavailableError,
     InvalidRequestError,
-    ModelLoadError,
     UnknownModelError,
     VLLMError,
 )
-from fulgor.engine.loading import LoadedModel, load_model
 from fulgor.engine.local import EngineConfig, LocalEngine, WeightSwap
 from fulgor.engine.models import MODEL_SIZES, init_model
 from fulgor.engine.sampling import SamplingParams
@@ -36,9 +35,7 @@ __all__ = [
     "EngineError",
     "EngineUnavailableError",
     "InvalidRequestError",
-    "LoadedModel",
     "LocalEngine",
-    "ModelLoadError",
     "SamplingParams",
     "UnknownModelError",
     "VLLMConfig",
@@ -46,5 +43,4 @@ __all__ = [
     "VLLMServer",
     "WeightSwap",
     "init_model",
-    "load_model",
 ]

@@ -39,7 +39,6 @@ from fulgor.engine.errors import (
     AdminDisabledError,
     EngineError,
     InvalidRequestError,
-    ModelLoadError,
     UnknownModelError,
 )
 from fulgor.engine.local import LocalEngine
@@ -56,6 +55,7 @@ from fulgor.net.request_body import (
     RequestTooLargeError,
     read_body,
 )
+from fulgor.weights.errors import ModelLoadError
 
 __all__ = ["create_app", "error_body"]
 
@@ -77,7 +77,7 @@ def error_body(status: int, code: str, message: str, param: str | None = None) -
     return JSONResponse({"error": error}, status_code=status)
 
 
-def _status(error: EngineError) -> int:
+def _status(error: EngineError | ModelLoadError) -> int:
     if isinstance(error, InvalidRequestError | ModelLoadError):
         return 400
     if isinstance(error, AdminDisabledError):
@@ -129,7 +129,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _http_error(request, exc)
 
     @app.exception_handler(EngineError)
-    async def engine_error(_: Request, exc: EngineError) -> JSONResponse:
+    @app.exception_handler(ModelLoadError)  # weights that do not load, in a swap
+    async def engine_error(_: Request, exc: EngineError | ModelLoadError) -> JSONResponse:
         return error_body(_status(exc), exc.code, exc.message, getattr(exc, "param", None))
 
     @app.exception_handler(Exception)

@@ -1,7 +1,8 @@
 """The engine's errors: one subtree under :class:`fulgor.errors.FulgorError`.
 
 Servers map these to HTTP statuses (see :mod:`fulgor.engine.app`); the errors themselves know
-nothing about HTTP.
+nothing about HTTP. A model directory that does not load raises the weights room's
+:class:`fulgor.weights.errors.ModelLoadError`, which the engine's HTTP API maps beside these.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ __all__ = [
     "EngineError",
     "EngineUnavailableError",
     "InvalidRequestError",
-    "ModelLoadError",
     "UnknownModelError",
     "VLLMError",
 ]
@@ -26,12 +26,6 @@ class EngineError(FulgorError):
     """Base of the inference engines' errors."""
 
     code = "engine_error"
-
-
-class ModelLoadError(EngineError):
-    """A model, tokenizer or adapter directory could not be loaded."""
-
-    code = "model_load_error"
 
 
 class InvalidRequestError(EngineError):

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fulgor.engine.chat_format import ChatFormat, check_chat_options, read_chat_template
-from fulgor.engine.errors import ContextLengthError, EngineUnavailableError, ModelLoadError
-from fulgor.engine.loading import LoadedModel, load_model
+from fulgor.engine.errors import ContextLengthError, EngineUnavailableError
 from fulgor.engine.sampling import SamplingParams
 from fulgor.engine.scheduler import ErrorEvent, Event, FinishEvent, Scheduler, Sequence
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.loading import LoadedModel, load_model
 
 __all__ = ["EngineConfig", "LocalEngine", "WeightSwap"]
 

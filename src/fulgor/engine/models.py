@@ -5,7 +5,7 @@ the gateway and the trainers need a real model to run end to end. ``init_model``
 BPE tokenizer with the ``tokenizers`` package on a synthetic corpus, builds a randomly initialised
 Llama or Qwen2 model through ``transformers`` and saves both with a chat template that supports
 tools. The result is an ordinary Hugging Face directory: the engine loads it through the same code
-as downloaded weights (:mod:`fulgor.engine.loading`).
+as downloaded weights (:mod:`fulgor.weights.loading`).
 
 This module knows nothing about serving.
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fulgor.engine.errors import ModelLoadError
-from fulgor.engine.loading import no_progress_bars, require_torch, require_transformers
 from fulgor.engine.template import CHAT_TEMPLATE, END_OF_TEXT, IM_END, SPECIAL_TOKENS, TEXT_MARKERS
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.loading import no_progress_bars, require_torch, require_transformers
 
 __all__ = ["MODEL_SIZES", "Architecture", "ModelSize", "ModelSpec", "init_model", "train_tokenizer"]
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from fulgor.engine.detokenize import TextTracker
 from fulgor.engine.kv_cache import BatchState, merge, new_cache, select
-from fulgor.engine.loading import LoadedModel
 from fulgor.engine.sampling import SamplingParams, StepSample, sample_step
+from fulgor.weights.loading import LoadedModel
 
 __all__ = ["ErrorEvent", "Event", "FinishEvent", "Scheduler", "Sequence", "TokenEvent"]
 

@@ -195,7 +195,7 @@ def served_chat_format(config: VLLMConfig) -> ChatFormat | None:
     """The chat format vLLM serves ``config.model`` with: the template given, else the model's own,
     on the model directory's tokenizer, with the parsers fulgor's engine would choose; None when the
     model is no directory here or its tokenizer cannot be read (logged)."""
-    from fulgor.engine.loading import require_transformers
+    from fulgor.weights.loading import require_transformers
 
     model = Path(config.model)
     if not model.is_dir():

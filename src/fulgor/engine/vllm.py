@@ -50,9 +50,10 @@ from pathlib import Path
 from fulgor.engine import _orphan_guard as orphan_guard
 from fulgor.engine._vllm_weights import reload_view
 from fulgor.engine.chat_format import choose_parsers, model_chat_template, read_chat_template
-from fulgor.engine.errors import ModelLoadError, VLLMError
-from fulgor.engine.loading import AdapterSet, adapter_base, adapter_set
+from fulgor.engine.errors import VLLMError
 from fulgor.net.sockets import bind_socket, is_loopback
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.lora import AdapterSet, adapter_base, adapter_set
 
 __all__ = ["VLLMConfig", "VLLMServer", "build_command"]
 

@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fulgor.adapters.trajectory import Trajectory
-from fulgor.engine.loading import no_progress_bars
 from fulgor.errors import ConfigError
-from fulgor.training.checkpoints import OPTIMIZER_DIR, Policy, load_policy, load_training_state
+from fulgor.training.checkpoints import OPTIMIZER_DIR
+from fulgor.weights.loading import no_progress_bars
+from fulgor.weights.policy import Policy, load_policy, load_training_state
 
 if TYPE_CHECKING:
     from fulgor.algorithms.base import Algorithm
@@ -164,7 +165,7 @@ def process_group(world: World, device: str) -> Iterator[str]:
     import torch
     import torch.distributed as dist
 
-    from fulgor.engine.loading import resolve_device
+    from fulgor.weights.loading import resolve_device
 
     resolved = resolve_device(device)
     if resolved.startswith("cuda"):

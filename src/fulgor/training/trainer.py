@@ -35,19 +35,14 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args
 from fulgor.agent.base import Runnable
 from fulgor.algorithms.base import Algorithm, Publishes, ResourceAlgorithm, Updater, missing_members
 from fulgor.engine.chat_format import read_chat_template
-from fulgor.engine.loading import checkpoint_kind
 from fulgor.errors import ConfigError
 from fulgor.runner.worker import RunnerConfig
 from fulgor.store.base import Store
 from fulgor.training import distributed
 from fulgor.training.checkpoints import (
-    Policy,
-    adapter_set,
     checkpoint_accuracies,
     drop_old_training_state,
     latest_checkpoint,
-    load_policy,
-    load_training_state,
     prune_checkpoints,
     set_torch_threads,
 )
@@ -76,13 +71,16 @@ from fulgor.training.services import Services, open_run_store, start_services, t
 from fulgor.training.session import TrainerSession, agent_prompt_problem
 from fulgor.training.tracking import start_tracking
 from fulgor.types import LLM, JsonDict, Rollout, RolloutConfig, RolloutMode, RolloutRequest
+from fulgor.weights.loading import checkpoint_kind
+from fulgor.weights.lora import adapter_set
+from fulgor.weights.policy import Policy, load_policy, load_training_state
 
 if TYPE_CHECKING:
-    from fulgor.algorithms.lora import LoraConfig
     from fulgor.engine.local import EngineConfig
     from fulgor.engine.vllm import VLLMConfig
     from fulgor.gateway import Upstream
     from fulgor.training.tracking import Tracker
+    from fulgor.weights.lora import LoraConfig
 
 __all__ = ["Trainer"]
 

@@ -15,8 +15,8 @@ import pytest
 from tests.process_support import alive, descendants, take_sigint
 
 from fulgor.cli.main import main
-from fulgor.training.checkpoints import load_training_state
 from fulgor.training.run_report import read_metrics
+from fulgor.weights.policy import load_training_state
 
 AGENT = '''
 from openai import AsyncOpenAI

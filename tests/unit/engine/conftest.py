@@ -25,6 +25,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir: Path) -> Any:
-    from fulgor.engine.loading import load_model
+    from fulgor.weights.loading import load_model
 
     return load_model(tiny_model_dir, device="cpu")

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from tests.engine_support import ADD_TOOL
 
-from fulgor.engine.errors import ModelLoadError
-from fulgor.engine.loading import checkpoint_kind, load_model
 from fulgor.engine.models import MODEL_SIZES, init_model
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.loading import checkpoint_kind, load_model
 
 TOOLS = [ADD_TOOL]
 

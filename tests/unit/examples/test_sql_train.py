@@ -51,7 +51,7 @@ def test_adapters_with_an_agent_match_is_refused(capsys: pytest.CaptureFixture[s
 
 def test_demo_grpo_gives_each_adapter_its_own_lora_and_the_larger_learning_rate() -> None:
     pytest.importorskip("torch")
-    from fulgor.algorithms.lora import LoraConfig
+    from fulgor.weights.lora import LoraConfig
 
     grpo = train.demo_grpo(adapters=train.ADAPTERS, agent_match=None)
     assert grpo.adapters == {"write": LoraConfig(rank=8), "rewrite": LoraConfig(rank=8)}

@@ -109,8 +109,8 @@ def test_the_solutions_render_faithfully_in_the_agents_conversations(
     pytest.importorskip("transformers")
     from fulgor.adapters.transcripts import Transcript
     from fulgor.algorithms.sft.distill import teacher_data
-    from fulgor.engine.loading import eos_token_ids, load_model
     from fulgor.engine.models import init_model
+    from fulgor.weights.loading import eos_token_ids, load_model
 
     # The demo's tokenizer (fitted to the whole training split), and one task of each template
     # with its made-up variant.

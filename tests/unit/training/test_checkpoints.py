@@ -21,20 +21,13 @@ from fulgor import GRPO, Trainer
 from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
-from fulgor.algorithms.lora import LoraConfig
 from fulgor.engine.local import EngineConfig
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
-from fulgor.training.checkpoints import (
-    TRAINING_STATE_FILE,
-    Policy,
-    checkpoint_accuracies,
-    kept_checkpoints,
-    latest_checkpoint,
-    load_policy,
-    load_training_state,
-)
+from fulgor.training.checkpoints import checkpoint_accuracies, kept_checkpoints, latest_checkpoint
 from fulgor.training.reports import MetricsLog
+from fulgor.weights.lora import LoraConfig
+from fulgor.weights.policy import TRAINING_STATE_FILE, Policy, load_policy, load_training_state
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CONFIG = GRPOConfig(learning_rate=1e-3, weight_decay=0.01)
@@ -375,7 +368,7 @@ def test_pruning_leaves_a_checkpoint_being_written_and_unreadable_metrics_leave_
 
 
 def test_only_the_newest_checkpoint_keeps_its_training_state(tmp_path: Path) -> None:
-    from fulgor.training.checkpoints import OPTIMIZER_DIR, TRAINING_STATE_FILE, drop_old_training_state
+    from fulgor.training.checkpoints import OPTIMIZER_DIR, drop_old_training_state
 
     for step in (1, 2, 3):
         checkpoint = tmp_path / f"step-{step}"

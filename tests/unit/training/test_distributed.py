@@ -24,10 +24,8 @@ from sharded_rows import batch
 
 from fulgor.algorithms.grpo import GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater, RowShare
-from fulgor.engine.loading import load_model
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
-from fulgor.training.checkpoints import Policy, load_policy, load_training_state
 from fulgor.training.distributed import (
     OPTIMIZER_DIR,
     check_shardable,
@@ -35,6 +33,8 @@ from fulgor.training.distributed import (
     resume_unsharded,
     world_from_env,
 )
+from fulgor.weights.loading import load_model
+from fulgor.weights.policy import Policy, load_policy, load_training_state
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 HERE = Path(__file__).resolve().parent
@@ -272,7 +272,7 @@ def test_row_share_deals_rows_out_and_pads_with_idle_micro_batches() -> None:
 
 def test_only_grpo_on_all_weights_is_sharded(monkeypatch: pytest.MonkeyPatch) -> None:
     from fulgor import GRPO, SFT
-    from fulgor.algorithms.lora import LoraConfig
+    from fulgor.weights.lora import LoraConfig
 
     check_shardable(GRPO())
     with pytest.raises(ConfigError, match="SFT trains in one process"):

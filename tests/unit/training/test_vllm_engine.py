@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from fulgor import GRPO, Trainer, rollout
-from fulgor.algorithms.lora import LoraConfig
 from fulgor.engine.vllm import VLLMConfig
 from fulgor.errors import ConfigError
 from fulgor.types import LLM
+from fulgor.weights.lora import LoraConfig
 
 
 @rollout

@@ -27,7 +27,7 @@ from fulgor.types import JsonDict
 if TYPE_CHECKING:
     from fulgor.algorithms.grpo.adapters import AdapterUpdater
     from fulgor.algorithms.grpo.update import PolicyUpdater
-    from fulgor.algorithms.lora import LoraConfig
+    from fulgor.weights.lora import LoraConfig
 
 __all__ = ["GRPO"]
 
@@ -49,7 +49,7 @@ class GRPO(StepSchedule):
     step validates. Tasks are drawn from a shuffled pass over the training set (reshuffled each
     pass, by ``seed``). It publishes new weights after every step.
     ``max_trajectory_tokens`` truncates longer token rows (counted as drift). With ``lora``
-    (:class:`~fulgor.algorithms.lora.LoraConfig`) only a low-rank adapter over the weights trains,
+    (:class:`~fulgor.weights.lora.LoraConfig`) only a low-rank adapter over the weights trains,
     and each step publishes just the adapter. With ``adapters`` (a name and a ``LoraConfig`` each:
     ``{"write": LoraConfig(), "rewrite": LoraConfig()}``) one frozen base carries one adapter per
     agent of a multi-agent system: an agent whose name starts with an adapter's name (the longest

@@ -34,9 +34,9 @@ from fulgor.store.base import Store
 from fulgor.types import JsonDict
 
 if TYPE_CHECKING:
-    from fulgor.algorithms.lora import LoraConfig
     from fulgor.algorithms.sft.distill import TeacherData
     from fulgor.algorithms.sft.update import SFTUpdater
+    from fulgor.weights.lora import LoraConfig
 
 __all__ = ["SFT", "select_best"]
 
@@ -159,7 +159,7 @@ class SFT(StepSchedule):
         import asyncio
 
         from fulgor.algorithms.sft.distill import read_teacher, teacher_data
-        from fulgor.engine.loading import eos_token_ids
+        from fulgor.weights.loading import eos_token_ids
 
         assert self.from_run is not None
         assert policy is not None

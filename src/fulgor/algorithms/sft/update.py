@@ -74,7 +74,7 @@ def chat_row(
     would not match what the engine sees when it serves the conversation turn by turn.
 
     A turn ends at the first of ``stop_token_ids``: pass the ids the engine stops on
-    (:func:`fulgor.engine.loading.eos_token_ids` of the model and tokenizer, which adds the model's
+    (:func:`fulgor.weights.loading.eos_token_ids` of the model and tokenizer, which adds the model's
     configs to the tokenizer's) when the model ends a turn with a token other than the tokenizer's
     ``eos_token_id``, the default.
 

@@ -1,5 +1,6 @@
-"""LoRA on a tiny local model: only the adapter trains, it saves alone, and the engine's loader
-serves exactly the model the trainer holds."""
+"""LoRA on a tiny local model: only the adapter trains, it saves alone, and the loader the engine
+serves with loads exactly the model the trainer holds; serving and training find an adapter's base
+the same way."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ import torch
 from fulgor.adapters import Trajectory, TrajectoryRow
 from fulgor.algorithms.grpo import GRPO, GRPOConfig
 from fulgor.algorithms.grpo.update import PolicyUpdater
-from fulgor.algorithms.lora import LoraConfig, load_adapter
-from fulgor.engine.loading import load_model
 from fulgor.engine.models import init_model
 from fulgor.errors import ConfigError
-from fulgor.training.checkpoints import load_policy
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.loading import load_model
+from fulgor.weights.lora import LoraConfig, adapter_base, load_adapter
+from fulgor.weights.policy import load_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 IDS = torch.tensor([[5, 6, 7, 20, 30, 8]])
@@ -179,3 +181,18 @@ def test_adapters_per_agent_are_checked_and_choose_the_agents_trained() -> None:
         GRPO(agent_match="write", adapters={"write": LoraConfig()})
     with pytest.raises(ConfigError, match="adapter name 'write\\|rewrite'"):
         GRPO(adapters={"write|rewrite": LoraConfig()})
+
+
+def test_serving_and_training_find_an_adapters_base_alike(tmp_path: Path, model_dir: Path) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    config = {"base_model_name_or_path": str(model_dir), "r": 8, "lora_alpha": 16.0}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    assert adapter_base(adapter) == model_dir
+    assert adapter_base(adapter, tmp_path / "elsewhere") == tmp_path / "elsewhere"  # given, not read
+
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "org/hub"}))
+    with pytest.raises(ModelLoadError, match="names base model 'org/hub', which is not a local directory"):
+        load_model(adapter, device="cpu")
+    with pytest.raises(ModelLoadError, match="names base model 'org/hub', which is not a local directory"):
+        load_policy(adapter, "cpu", LoraConfig())

@@ -9,6 +9,9 @@ beside ``out`` and renamed into place when complete, so a failure leaves nothing
 
 :func:`describe_model` reads what ``fulgor doctor --model`` reports from a directory's files without
 loading its weights.
+
+What it does not know: serving or training the directory it writes (:mod:`fulgor.weights.loading`
+loads it for both), or where a model comes from (nothing is fetched from a hub).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from fulgor.engine.errors import ModelLoadError
-from fulgor.engine.loading import (
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.loading import (
     CONTEXT_LENGTH_KEYS,
     no_progress_bars,
     require_transformers,

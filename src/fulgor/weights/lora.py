@@ -8,7 +8,13 @@ to train further. Only the adapter's parameters require gradients, so an updater
 wrapped model trains nothing else, and ``save_pretrained`` writes only the adapter (a directory
 with ``adapter_config.json``), which the local engine merges into the base weights it serves.
 
-What it does not know: how the update computes its loss, or where checkpoints go. Needs
+A directory with ``adapters.json`` holds one LoRA adapter per agent over one base
+(:func:`adapter_set`): each adapter is a directory of its own, trained and served under its own
+name. :func:`adapter_base` is the one answer to "which base weights does this adapter go over",
+for serving and for training alike.
+
+What it does not know: how the update computes its loss, or where checkpoints go; an adapter merged
+into its base weights to serve is :func:`fulgor.weights.loading.load_model`'s. Needs
 ``fulgor[torch]`` (peft).
 """
 
@@ -20,8 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from fulgor.errors import ConfigError
+from fulgor.weights.errors import ModelLoadError
 
-__all__ = ["LoraConfig", "adapter_base", "add_adapter", "load_adapter"]
+__all__ = [
+    "ADAPTERS_FILE",
+    "AdapterSet",
+    "LoraConfig",
+    "adapter_base",
+    "adapter_set",
+    "add_adapter",
+    "load_adapter",
+]
+
+ADAPTERS_FILE = "adapters.json"
 
 
 @dataclass(frozen=True)
@@ -89,16 +106,46 @@ def add_adapter(
         ) from exc
 
 
-def adapter_base(adapter_dir: Path) -> Path:
-    """The base model directory a saved adapter was trained over."""
-    saved = json.loads((adapter_dir / "adapter_config.json").read_text())
-    base = saved.get("base_model_name_or_path")
+def adapter_base(adapter_path: Path, base_path: Path | None = None) -> Path:
+    """The base model directory a LoRA adapter goes over: ``base_path`` when given, else the local
+    directory its ``adapter_config.json`` names (recorded when it was trained), or a ModelLoadError."""
+    if base_path is not None:
+        return base_path
+    try:
+        config = json.loads((adapter_path / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {adapter_path / 'adapter_config.json'}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{adapter_path / 'adapter_config.json'} is not a JSON object")
+    base = config.get("base_model_name_or_path")
     if not base or not Path(base).is_dir():
-        raise ConfigError(
-            f"the LoRA adapter at {adapter_dir} names base model {base!r}, which is not a local "
-            "directory; put the base model back there to continue training the adapter"
+        raise ModelLoadError(
+            f"the LoRA adapter at {adapter_path} names base model {base!r}, which is not a local directory; "
+            "put the base model back there to train the adapter further, or serve the base model first "
+            "and swap the adapter in"
         )
     return Path(base)
+
+
+@dataclass(frozen=True)
+class AdapterSet:
+    """What an ``adapters.json`` directory holds: the base model and each adapter's directory, by
+    adapter name."""
+
+    base: Path
+    adapters: dict[str, Path]
+
+
+def adapter_set(path: Path) -> AdapterSet | None:
+    """The adapters of a directory holding one per agent; None for any other model directory."""
+    marker = path / ADAPTERS_FILE
+    if not marker.is_file():
+        return None
+    try:
+        saved = json.loads(marker.read_text())
+        return AdapterSet(Path(saved["base"]), {name: path / name for name in saved["adapters"]})
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ModelLoadError(f"cannot read {marker}: {error}") from error
 
 
 def load_adapter(

@@ -1,18 +1,21 @@
-"""Loading Hugging Face model directories: full weights, or a LoRA adapter over full weights.
-
-A directory with ``adapters.json`` holds one LoRA adapter per agent over one base
-(:func:`adapter_set`): each adapter is a directory of its own, served under its own name.
+"""Loading Hugging Face model directories: full weights, or a LoRA adapter merged into full weights.
 
 Every local model goes through here, whether fulgor built it (:mod:`fulgor.engine.models`) or a user
-downloaded it, so the engine never has a special path for its own models. torch, transformers and
-peft load lazily; a missing one raises an ImportError that names the ``fulgor[torch]`` extra.
+downloaded it, and whether the engine serves it or the trainer updates it
+(:mod:`fulgor.weights.policy`), so no caller has a special path for its own models. A
+:class:`LoadedModel` carries what serving it needs to know besides the weights (its context length,
+the ids that end a generation, how its forward takes a cache). Also here: the lazy imports of torch
+and transformers (a missing one raises an ImportError that names the ``fulgor[torch]`` extra), the
+device and dtype a run asks for, and transformers' progress bars kept quiet.
+
+What it does not know: how an adapter trains (:mod:`fulgor.weights.lora`), how a model is served or
+swapped (:mod:`fulgor.engine`), or where checkpoints go.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,16 +23,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from fulgor.engine.errors import ModelLoadError
+from fulgor.weights.errors import ModelLoadError
+from fulgor.weights.lora import adapter_base
 
 __all__ = [
-    "ADAPTERS_FILE",
     "CONTEXT_LENGTH_KEYS",
-    "AdapterSet",
     "CheckpointKind",
     "LoadedModel",
-    "adapter_base",
-    "adapter_set",
     "checkpoint_kind",
     "eos_token_ids",
     "load_model",
@@ -43,28 +43,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CheckpointKind = Literal["full", "lora"]
-ADAPTERS_FILE = "adapters.json"
-
-
-@dataclass(frozen=True)
-class AdapterSet:
-    """What an ``adapters.json`` directory holds: the base model and each adapter's directory, by
-    adapter name."""
-
-    base: Path
-    adapters: dict[str, Path]
-
-
-def adapter_set(path: Path) -> AdapterSet | None:
-    """The adapters of a directory holding one per agent; None for any other model directory."""
-    marker = path / ADAPTERS_FILE
-    if not marker.is_file():
-        return None
-    try:
-        saved = json.loads(marker.read_text())
-        return AdapterSet(Path(saved["base"]), {name: path / name for name in saved["adapters"]})
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ModelLoadError(f"cannot read {marker}: {error}") from error
 
 
 def require_torch() -> ModuleType:
@@ -199,26 +177,6 @@ def _load_weights(path: Path, device: str, dtype: Any) -> Any:
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model weights from {path}: {exc}") from exc
     return model.to(device).eval()
-
-
-def adapter_base(adapter_path: Path, base_path: Path | None = None) -> Path:
-    """The base model directory a LoRA adapter goes over: ``base_path`` when given, else the local
-    directory its ``adapter_config.json`` names, or a ModelLoadError."""
-    if base_path is not None:
-        return base_path
-    try:
-        config = json.loads((adapter_path / "adapter_config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {adapter_path / 'adapter_config.json'}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{adapter_path / 'adapter_config.json'} is not a JSON object")
-    base = config.get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        raise ModelLoadError(
-            f"the LoRA adapter at {adapter_path} names base model {base!r}, which is not a local directory; "
-            "serve the base model first and swap the adapter in"
-        )
-    return Path(base)
 
 
 def _merge_adapter(model: Any, adapter_path: Path) -> Any:
