@@ -421,6 +421,12 @@ def _check_inputs(args: argparse.Namespace) -> _Job:
         train, val = train[: args.limit], val[: args.limit]
     if args.model is not None:
         check_model_dir(args.model)
+        adapter = args.model / "adapter_config.json"
+        if adapter.is_file() and args.lora_rank is None and not (args.dev or args.evaluate):
+            raise ConfigError(
+                f"--model {args.model} is a LoRA adapter: pass --lora-rank (and --lora-alpha) as it was "
+                "trained with, to train it further over the base model it names"
+            )
     run_dir = args.run_dir or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
     _check_run_dir(run_dir)
     if not (args.dev or args.evaluate):
@@ -555,16 +561,18 @@ def _check_continuation(run_dir: Path, no_resume: bool, *, lora: bool) -> None:
 
 
 def check_model_dir(model: Path) -> None:
-    """A local Hugging Face model directory (``config.json``), or a ConfigError that says what to pass."""
+    """A local Hugging Face model directory (``config.json``) or LoRA adapter directory
+    (``adapter_config.json``), or a ConfigError that says what to pass."""
     if not model.is_dir():
         raise ConfigError(
             f"--model {model} is not a directory; pass a local Hugging Face model directory (fulgor "
-            "downloads nothing), or build a small one with `fulgor model init --out DIR`"
+            "downloads nothing; `fulgor model import` makes one of a GGUF file), or build a small one "
+            "with `fulgor model init --out DIR`"
         )
-    if not (model / "config.json").is_file():
+    if not (model / "config.json").is_file() and not (model / "adapter_config.json").is_file():
         raise ConfigError(
             f"--model {model} has no config.json; pass the directory that holds the model's "
-            "config.json, tokenizer files and weights"
+            "config.json, tokenizer files and weights, or a LoRA adapter's (adapter_config.json)"
         )
 
 

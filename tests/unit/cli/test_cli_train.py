@@ -134,6 +134,10 @@ REFUSED = {
         ["--train", "tasks.jsonl", "--run-dir", "old-run", "--lora-rank", "4"],
         "old-run trained all weights (checkpoints up to step 3) and this command trains a LoRA adapter",
     ),
+    "LoRA adapter as the model, no rank": (
+        ["--train", "tasks.jsonl", "--model", "lora-run/checkpoints/step-2"],
+        "--model lora-run/checkpoints/step-2 is a LoRA adapter: pass --lora-rank",
+    ),
     "LoRA shape without a rank": (
         ["--train", "tasks.jsonl", "--lora-alpha", "8"],
         "--lora-alpha, --lora-dropout and --lora-target-modules shape the adapter of --lora-rank R",
@@ -831,3 +835,11 @@ def test_lora_from_the_command_line_trains_an_adapter_and_keeps_one_optimiser_st
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
     assert not (run / "checkpoints" / "step-2" / "training_state.pt").exists()
     assert (run / "checkpoints" / "step-3" / "training_state.pt").is_file()
+
+    # An adapter (a warm start's, another run's checkpoint) is a --model to train further.
+    adapter, further = run / "checkpoints" / "step-3", tmp_path / "further"
+    argv[argv.index(str(tiny_model))], argv[argv.index(str(run))] = str(adapter), str(further)
+    continued = fulgor_train(tmp_path, *argv, "--steps", "1")
+    assert continued.returncode == 0, continued.stderr
+    config = json.loads((further / "checkpoints" / "step-1" / "adapter_config.json").read_text())
+    assert Path(config["base_model_name_or_path"]) == tiny_model.resolve()
