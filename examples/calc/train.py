@@ -91,6 +91,7 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     test_before: dict[str, float] = field(default_factory=dict)
+    test_warm: dict[str, float] = field(default_factory=dict)
     test_after: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from examples.calc.agent import CALCULATOR_TOOL, SYSTEM_PROMPT, calculate
 from examples.calc.dataset import Task, make_splits
+from fulgor.weights.lora import LoraConfig
 
 __all__ = [
     "WarmStartConfig",
@@ -55,6 +56,10 @@ class WarmStartConfig:
     batch_size: int = 16
     learning_rate: float = 2e-3
     seed: int = 0
+    lora: LoraConfig | None = None
+    """Train a LoRA adapter (saved alone, over the base it names) instead of every weight."""
+    compute_dtype: str = "float32"
+    """``bfloat16``: the forward and backward under bfloat16 autocast (:class:`SFTConfig`)."""
 
 
 def solution(task: Task, use_tool: bool) -> list[dict[str, Any]]:
@@ -116,12 +121,15 @@ def warm_start(
     config: WarmStartConfig | None = None,
     *,
     tool: Mapping[str, Any] = CALCULATOR_TOOL,
+    chat_template: str | None = None,
 ) -> Path:
     """Fine-tune the model in ``base`` on synthetic solutions of ``tasks``; save it to ``out``.
 
     ``tool`` is the calculator's definition as the agent offers it to the model (the chat template
     writes it into the prompt): the openai-SDK agent's by default, another agent's (AutoGen adds
     ``additionalProperties`` and ``strict``) for the conversations that agent has.
+    ``chat_template`` (a file, or a name fulgor ships: ``--chat-template``) renders the solutions
+    instead of the model's own template, and is saved with the model, as the engine serves it with.
 
     The solutions go the way of SFT's distillation (:mod:`fulgor.algorithms.sft.distill`): each is
     a chat transcript, rendered with the model's own chat template and checked to render faithfully
@@ -133,14 +141,18 @@ def warm_start(
     from fulgor.adapters.transcripts import Transcript
     from fulgor.algorithms.sft import SFTConfig, SFTUpdater
     from fulgor.algorithms.sft.distill import teacher_data
+    from fulgor.engine.chat_format import read_chat_template
     from fulgor.weights.loading import eos_token_ids
     from fulgor.weights.policy import load_policy
 
     config = config or WarmStartConfig()
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    policy = load_policy(Path(base), "cpu")
-    updater = SFTUpdater(policy.model, SFTConfig(learning_rate=config.learning_rate))
+    policy = load_policy(Path(base), "cpu", lora=config.lora)
+    if chat_template is not None:
+        policy.tokenizer.chat_template = read_chat_template(chat_template)
+    sft = SFTConfig(learning_rate=config.learning_rate, compute_dtype=config.compute_dtype)
+    updater = SFTUpdater(policy.model, sft)
     stops = eos_token_ids(policy.model, policy.tokenizer)  # where the engine ends a turn
     # Every task's two solutions, rendered once: [task][use_tool].
     transcripts = [
