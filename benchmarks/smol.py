@@ -122,9 +122,8 @@ def print_curve(row: dict[str, object]) -> None:
     for step, seconds, accuracy, tools in row["curve"]:  # type: ignore[attr-defined]
         tools_text = "-" if tools is None else f"{tools:.2f}"
         print(f"    {step:>3} {seconds:>5}s  {accuracy:.3f}  {tools_text}")
-    print(
-        f"  test accuracy: imported {row['imported']}, warm {row['warm']}, after {row['after']}", flush=True
-    )
+    tests = ", ".join(f"{name} {row[name]['val_accuracy']:.1%}" for name in ("imported", "warm", "after"))  # type: ignore[index]
+    print(f"  test accuracy: {tests}", flush=True)
 
 
 if __name__ == "__main__":

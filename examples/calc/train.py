@@ -38,7 +38,7 @@ from examples.calc.calculator import CALCULATOR_TOOL
 from examples.calc.dataset import make_splits
 from examples.calc.warm_start import WarmStartConfig, corpus, warm_start
 
-__all__ = ["DemoAgent", "DemoResult", "demo_grpo", "main", "run_demo"]
+__all__ = ["DemoAgent", "DemoResult", "demo_grpo", "demo_logging", "interrupted", "main", "run_demo"]
 
 logger = logging.getLogger("examples.calc")
 
@@ -179,9 +179,27 @@ def run_demo(
     return result
 
 
+def demo_logging() -> None:
+    """The demos' console: the time and the message, the servers' request logs quiet."""
+    from fulgor.training.reports import QUIET_LOGGERS
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in QUIET_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def interrupted(run_dir: Path) -> int:
+    """Say, after Ctrl+C, which ``--run-dir`` continues the demo; the exit status 130."""
+    print(
+        f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
+        f"with --run-dir {run_dir}",
+        file=sys.stderr,
+    )
+    return 130
+
+
 def main(argv: list[str] | None = None, agent: DemoAgent | None = None) -> int:
     """The demo's command line, for the openai-SDK agent or another (``agent``)."""
-    from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -193,21 +211,14 @@ def main(argv: list[str] | None = None, agent: DemoAgent | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in QUIET_LOGGERS:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    demo_logging()
     demo = agent or DemoAgent()
     run_dir = args.run_dir or Path("runs") / time.strftime(f"{demo.label}-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     try:
         result = run_demo(run_dir, seed=args.seed, max_steps=args.steps, agent=demo)
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
-            f"with --run-dir {run_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        return interrupted(run_dir)
     grpo_dir = run_dir / "grpo"
     first = next((m for m in result.history if m.get("step") == 0), {})
     report = write_run_report(

@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from examples.calc.train import DemoResult
+from examples.calc.train import DemoResult, demo_logging, interrupted
 from examples.rag.agent import rag_agent
 from examples.rag.corpus import make_splits, make_world
 from examples.rag.index import build_index
@@ -145,7 +144,6 @@ def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -155,20 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in QUIET_LOGGERS:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    demo_logging()
     run_dir = args.run_dir or Path("runs") / time.strftime("rag-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     try:
         result = run_demo(run_dir, seed=args.seed, max_steps=args.steps, test_before=True)
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
-            f"with --run-dir {run_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        return interrupted(run_dir)
     grpo_dir = run_dir / "grpo"
     before, after = result.test_before, result.test_after
     report = write_run_report(

@@ -38,7 +38,7 @@ from typing import Any
 
 from examples.calc.agent import calc_agent
 from examples.calc.dataset import make_splits
-from examples.calc.train import DemoResult
+from examples.calc.train import DemoResult, demo_logging, interrupted
 from examples.calc.warm_start import WarmStartConfig, warm_start
 from fulgor.weights.lora import LoraConfig
 
@@ -167,7 +167,6 @@ def run_demo(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -175,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gguf", type=Path, default=GGUF, help=f"SmolLM2's GGUF file (default: {GGUF})")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in QUIET_LOGGERS:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    demo_logging()
     run_dir = args.run_dir or Path("runs") / time.strftime("smol-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     try:
@@ -186,12 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
-            f"with --run-dir {run_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        return interrupted(run_dir)
     grpo_dir = run_dir / "grpo"
     rows = [("imported", result.test_before), ("warm start", result.test_warm), ("GRPO", result.test_after)]
     report = write_run_report(

@@ -31,12 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from examples.calc.train import demo_logging, interrupted
 from examples.sql.agent import sql_agent
 from examples.sql.database import build_database
 from examples.sql.dataset import make_splits
@@ -205,7 +205,6 @@ def calls_not_matched(history: list[dict[str, Any]]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fulgor.training.reports import QUIET_LOGGERS
     from fulgor.training.run_report import read_metrics, text_curve, write_run_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -234,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     agent_match = None if args.agent_match == "all" or args.adapters else args.agent_match
     adapters = ADAPTERS if args.adapters else ()
     trained = f"one adapter each: {', '.join(adapters)}" if adapters else args.agent_match
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in QUIET_LOGGERS:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    demo_logging()
     run_dir = args.run_dir or Path("runs") / time.strftime("sql-%Y%m%d-%H%M%S")
     started = time.perf_counter()
     try:
@@ -249,12 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             adapters=adapters,
         )
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted: {run_dir} keeps every stage it finished; to continue, run the demo again "
-            f"with --run-dir {run_dir}",
-            file=sys.stderr,
-        )
-        return 130
+        return interrupted(run_dir)
     grpo_dir = run_dir / "grpo"
     first = next((m for m in result.history if m.get("step") == 0), {})
     before = result.test_before.get("val_accuracy", 0.0)
