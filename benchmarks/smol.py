@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import multiprocessing
 import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,7 +63,11 @@ def main() -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         print(f"seed {seed}: {run_dir}", flush=True)
         seed_started = time.perf_counter()
-        result = run_demo(run_dir, seed=seed, base=base, progress=False)
+        # A process of its own per seed, as `make demo-smol` runs: the Trainer's sessions in one process
+        # do not give all their memory back (three seeds in one process grew past 24 GB).
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            result = pool.submit(run_seed, run_dir, seed, base).result()
         trained = [m for m in result.history if m["step"] > 0]
         rows.append(
             {
@@ -115,6 +122,12 @@ def main() -> int:
         f"target_met={str(met).lower()}"
     )
     return 0
+
+
+def run_seed(run_dir: Path, seed: int, base: Path) -> Any:
+    """One seed's whole demo pipeline on the imported ``base``."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    return run_demo(run_dir, seed=seed, base=base, progress=False)
 
 
 def print_curve(row: dict[str, object]) -> None:
