@@ -223,7 +223,7 @@ class Demo:
     def has_rollouts(self, mode: str, status: list[RolloutStatus] | None = None) -> bool:
         """Whether the run's store holds rollouts of ``mode`` (of ``status``, else any), read once
         its services are up."""
-        if "engine at" not in self.text():
+        if "model served at" not in self.text():
             return False
 
         async def read() -> bool:
