@@ -24,6 +24,7 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,16 +68,7 @@ def main() -> int:
                 "drift": sum(drift.values()),
                 "merge_breaks": sum(m.get("drift/merge_breaks", 0) for m in trained),
                 "drift_detail": drift,
-                "curve": [
-                    (
-                        m["step"],
-                        round(m["elapsed_seconds"] if m["step"] else 0.0),
-                        m["val_accuracy"],
-                        m.get("val_tool_call_rate"),
-                    )
-                    for m in result.history
-                    if "val_accuracy" in m
-                ],
+                "curve": validation_curve(result.history),
             }
         )
         print_curve(rows[-1])
@@ -102,6 +94,20 @@ def main() -> int:
         f"drift_total={drift_total} seeds={len(rows)} target_met={str(met).lower()}"
     )
     return 0
+
+
+def validation_curve(history: list[dict[str, Any]]) -> list[tuple[int, int, float, float | None]]:
+    """(step, GRPO seconds, validation accuracy, validation tool-call rate) at each validation."""
+    return [
+        (
+            m["step"],
+            round(m["elapsed_seconds"] if m["step"] else 0.0),
+            m["val_accuracy"],
+            m.get("val_tool_call_rate"),
+        )
+        for m in history
+        if "val_accuracy" in m
+    ]
 
 
 def print_curve(row: dict[str, object]) -> None:

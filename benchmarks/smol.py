@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from _offline import go_offline  # noqa: E402
 from examples.smol.train import GGUF, run_demo  # noqa: E402
 from fulgor.adapters import DriftReport  # noqa: E402
+from learning import validation_curve  # noqa: E402
 
 MINUTES_PER_SEED = 30
 TOOLS = "val_tool_call_rate"
@@ -81,16 +82,7 @@ def main() -> int:
                 "after": result.test_after,
                 "drift": sum(m.get(f"drift/{name}", 0) for m in trained for name in DriftReport.LOSSES),
                 "merge_breaks": sum(m.get("drift/merge_breaks", 0) for m in trained),
-                "curve": [
-                    (
-                        m["step"],
-                        round(m.get("elapsed_seconds", 0.0)),
-                        m["val_accuracy"],
-                        m.get("val_tool_call_rate"),
-                    )
-                    for m in result.history
-                    if "val_accuracy" in m
-                ],
+                "curve": validation_curve(result.history),
             }
         )
         print_curve(rows[-1])
